@@ -1,0 +1,1 @@
+"""Environments (shipped as `seed_vl.envs`; the folder stays at the repository top level)."""

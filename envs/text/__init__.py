@@ -1,0 +1,1 @@
+"""Text-observation environments: text Sokoban, text EZPoints, TextWorld."""

@@ -1,0 +1,1 @@
+"""Image-observation environments: Sokoban, EZPoints."""

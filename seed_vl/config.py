@@ -1,0 +1,234 @@
+"""Typed run configuration: YAML recipes + `section.key=value` overrides.
+
+Every recipe is validated into `Config` (pydantic, unknown keys forbidden). Any problem with a recipe or
+an override raises `ConfigError` with one line naming the field or file; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from seed_vl.io import atomic_write_text
+
+REDACTED = "***REDACTED***"
+_SECRET_WORD = re.compile(r"(^|_)(key|token|secret|password|apikey)(_|$)", re.IGNORECASE)
+
+
+class ConfigError(ValueError):
+    """A bad recipe, override or file; the message is one line naming the culprit."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = ".cache/tiny-vl"  # local HF checkpoint directory (no hub access at run time)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"  # "auto" = cuda when available, else cpu
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    freeze_vision_tower: bool = True
+    vision_cache_max_entries: int = Field(4096, ge=0)  # 0 disables the image-embedding cache
+    min_pixels: int = Field(28 * 28, ge=28 * 28)
+    max_pixels: int = Field(512 * 28 * 28, ge=28 * 28)
+    gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _pixels_ordered(self) -> ModelConfig:
+        if self.min_pixels > self.max_pixels:
+            raise ValueError("min_pixels must not exceed max_pixels")
+        return self
+
+
+class EnvConfig(Section):
+    name: Literal["sokoban_visual", "sokoban_text", "ezpoints_visual", "ezpoints_text", "textworld"] = (
+        "sokoban_visual"
+    )
+    max_steps: int | None = Field(None, ge=1)  # None = the environment's own default
+    dim_room: tuple[int, int] = (6, 6)  # Sokoban
+    num_boxes: int = Field(1, ge=1, le=4)  # Sokoban
+    cell_px: int = Field(16, ge=4, le=64)  # Sokoban frame: pixels per grid cell
+    image_size: int = Field(300, ge=56, le=1024)  # EZPoints frame side
+    textworld_level: int = Field(1, ge=1, le=30)  # TextWorld tw-simple difficulty
+    textworld_pool_size: int = Field(16, ge=1)
+    train_seed_start: int = Field(0, ge=0)
+    eval_seed_start: int = Field(1_000_000, ge=0)  # disjoint from training seeds
+    parallel_workers: int = Field(0, ge=0)  # 0 = step environments sequentially
+
+
+class RolloutConfig(Section):
+    num_tasks: int = Field(4, ge=1)  # tasks (groups) per update step
+    group_size: int = Field(8, ge=1)
+    history_window: int = Field(2, ge=0)  # K previous turns shown in the context
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+
+class AnalyzerConfig(Section):
+    backend: Literal["self", "external", "scripted"] = "self"
+    attempts: int = Field(2, ge=1)
+    min_skill_words: int = Field(5, ge=1)
+    max_new_tokens: int = Field(96, ge=8)  # self analyzer
+    temperature: float = Field(0.7, ge=0.0)
+    base_url: str = ""  # external: OpenAI-compatible endpoint, e.g. http://host:8000/v1
+    model: str = ""  # external: model name sent with each request
+    api_key_env: str = "OPENAI_API_KEY"  # external: the *name* of the variable holding the key
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    max_concurrency: int = Field(8, ge=1)
+
+
+class AlgorithmConfig(Section):
+    preset: Literal["grpo", "opsd", "sdar", "seed"] = "seed"
+    opd_coef: float = Field(0.01, ge=0.0)  # lambda
+    gate_beta: float = Field(5.0, ge=0.0)
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
+    dual_clip: float = Field(3.0, gt=1.0)
+    kl_coef: float = Field(0.01, ge=0.0)
+    entropy_coef: float = Field(0.001, ge=0.0)
+    invalid_action_penalty: float = Field(0.1, ge=0.0)
+    adv_eps: float = Field(1e-6, gt=0.0)
+    skill_bank: str = ""  # SDAR: YAML/JSON file of static skills per task type
+
+
+class TrainConfig(Section):
+    seed: int = 0
+    steps: int = Field(150, ge=0)
+    lr: float = Field(1e-6, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    mini_batch_size: int = Field(8, ge=1)  # trajectories per optimizer step
+    micro_batch_size: int = Field(8, ge=1)  # sequences per forward pass
+    ppo_epochs: int = Field(1, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    max_nonfinite_in_a_row: int = Field(10, ge=1)
+    output_dir: str = "runs"
+    run_name: str = ""  # empty: derived from preset, env and seed
+
+
+class EvalConfig(Section):
+    every: int = Field(0, ge=0)  # 0 = only before and after training
+    num_tasks: int = Field(16, ge=1)
+    temperature: float = Field(0.4, ge=0.0)
+
+
+class CheckpointConfig(Section):
+    every: int = Field(0, ge=0)  # 0 = only at the end
+    keep_last: int = Field(2, ge=1)
+
+
+class LoggingConfig(Section):
+    wandb: bool = False
+    wandb_project: str = "seed-vl"
+    progress: bool = True
+
+
+class Config(Section):
+    model: ModelConfig = ModelConfig()
+    env: EnvConfig = EnvConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    analyzer: AnalyzerConfig = AnalyzerConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (), schema=Config):
+    """Read a YAML recipe (or start from defaults), apply `a.b=value` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_yaml(Path(path))
+    for item in overrides:
+        key, value = _parse_override(item)
+        _set_nested(data, key, value)
+    try:
+        return schema.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_first_error(err)) from None
+
+
+def to_dict(config: BaseModel, redact: bool = True) -> dict[str, Any]:
+    """Plain dict of a config, with secret-looking keys redacted (for files, logs and trackers)."""
+    data = config.model_dump(mode="json")
+    return redact_secrets(data) if redact else data
+
+
+def save_config(config: BaseModel, path: str | os.PathLike) -> None:
+    """Write the resolved config (secrets redacted) atomically beside a run's outputs."""
+    atomic_write_text(Path(path), yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def is_secret_key(name: str) -> bool:
+    """`api_key`, `hf_token`, `client_secret`...; not `max_new_tokens` (words are matched whole)."""
+    return bool(_SECRET_WORD.search(name))
+
+
+def redact_secrets(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {
+            k: (REDACTED if is_secret_key(str(k)) and v not in (None, "") else redact_secrets(v))
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [redact_secrets(v) for v in data]
+    return data
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections")
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+        raise ConfigError(f"bad override '{item}': expected section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _set_nested(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "config"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown key"
+    if kind == "missing":
+        return f"{loc}: required key is missing"
+    msg = first["msg"].removeprefix("Value error, ")
+    given = first.get("input")
+    shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
+    return f"{loc}: {msg}{shown}"
