@@ -1,0 +1,32 @@
+"""Shared fixtures. The tiny models are built once per test session through the real builder and
+loaded through the real `from_pretrained` path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_path(tmp_path_factory) -> str:
+    from seed_vl.tiny_model import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny-vl")
+    build_tiny_model(out, text_only=False, seed=0)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_text_path(tmp_path_factory) -> str:
+    from seed_vl.tiny_model import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny-text")
+    build_tiny_model(out, text_only=True, seed=0)
+    return str(out)
