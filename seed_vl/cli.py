@@ -1,0 +1,78 @@
+"""`seed-vl` command line: `seed-vl COMMAND [--config PATH] [section.key=value ...]`.
+
+Also runs as `python -m seed_vl.cli` (and so under `accelerate launch -m seed_vl.cli train ...`).
+Any user error (bad recipe, override, path) prints one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from seed_vl.config import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and still exit status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="PATH", help="YAML recipe (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="override recipe values")
+
+
+def _cmd_make_tiny_model(args: argparse.Namespace) -> None:
+    from seed_vl.tiny_model import build_tiny_model
+
+    out = build_tiny_model(args.out, text_only=args.text_only, seed=args.seed, arch=args.arch)
+    print(f"tiny model written to {out}")
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from seed_vl.demo import run_demo
+
+    run_demo(args.config, args.overrides)
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], None]]] = {
+    "make-tiny-model": ("build the tiny Qwen-architecture model used by tests and the CPU demo", _cmd_make_tiny_model),
+    "demo": ("the CPU demo: tiny model, one environment, end to end", _cmd_demo),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="seed-vl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, (help_text, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "make-tiny-model":
+            p.add_argument("--out", required=True, metavar="DIR")
+            p.add_argument("--text-only", action="store_true", help="a Qwen2 causal LM instead of Qwen2.5-VL")
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
+        else:
+            _add_config_args(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub at run time
+    args = build_parser().parse_args(argv)
+    try:
+        COMMANDS[args.command][1](args)
+    except ConfigError as err:
+        print(f"seed-vl {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"seed-vl {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
