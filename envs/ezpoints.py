@@ -1,0 +1,241 @@
+"""EZPoints core shared by the visual and the text variant (DESIGN §4; RL4VLM's gym_cards game, which is not
+on PyPI, rewritten): two cards, build a formula equal to 12 from both card values, one token per step.
+
+Deal (as gym_cards): card 1 has rank 2..13 (J, Q, K count 10); card 2 is worth 12 // v1 with probability 1/2
+when v1 divides 12, else 12 - v1; the order is then swapped with probability 1/2. Every deal is solvable.
+
+Rules. Tokens: 1..10, '+', '*', '='. '=' ends the episode: +10 if the formula uses both card values once
+each and equals 12, else 0. Any other token must keep the formula well formed, otherwise the action is
+invalid (reward 0, formula unchanged, the step still counts): a number only where a number is expected and
+only the value of a card not used yet (gym_cards' rule), '+' / '*' only after a number while a card is still
+unused. The episode is truncated after `max_steps` (8) steps. With malformed tokens rejected a formula never
+grows past 3 tokens, so DESIGN's "more than 5 tokens" end never triggers. Invalid actions are not
+penalised here (DESIGN: +10 or 0); the trainer's invalid-action penalty applies as for every environment.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import abstractmethod
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from seed_vl.envs.base import Env, EpisodeOver, Hindsight, Observation, StepResult, count, phrase, step_list
+
+TARGET = 12
+NUMBERS = tuple(str(n) for n in range(1, 11))
+OPERATORS = ("+", "*")
+EQUALS = "="
+VOCABULARY = (*NUMBERS, *OPERATORS, EQUALS)
+MAX_STEPS = 8
+WIN_REWARD = 10.0
+SUITS = ("hearts", "spades", "diamonds", "clubs")
+TASK = (
+    "EZPoints: build a formula equal to 12 that uses the values of both cards once each (J, Q and K count "
+    "as 10); one token per step: a number 1-10, '+' or '*', then '=' to submit."
+)
+
+Formula = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Card:
+    rank: int  # 2..10, 11 = J, 12 = Q, 13 = K
+    suit: str
+
+    @property
+    def value(self) -> int:
+        return min(self.rank, 10)
+
+    @property
+    def label(self) -> str:
+        return {11: "J", 12: "Q", 13: "K"}.get(self.rank, str(self.rank))
+
+    def describe(self) -> str:
+        return f"{self.label} of {self.suit}"
+
+
+def deal(rng: random.Random) -> tuple[Card, Card]:
+    """gym_cards' deal, with its draws in the same order, from `rng`."""
+    first = Card(rng.randint(2, 13), rng.choice(SUITS))
+    v = first.value
+    second_value = TARGET // v if TARGET % v == 0 and rng.random() <= 0.5 else TARGET - v
+    cards = (first, Card(second_value, rng.choice(SUITS)))
+    return cards[::-1] if rng.random() <= 0.5 else cards
+
+
+def accepts(values: Sequence[int], formula: Formula, token: str | None) -> bool:
+    """Whether `token` (not '=') keeps `formula` well formed with these card values."""
+    unused = Counter(values) - Counter(int(t) for t in formula if t in NUMBERS)
+    expects_number = not formula or formula[-1] in OPERATORS
+    if token in NUMBERS:
+        return expects_number and unused[int(token)] > 0
+    if token in OPERATORS:
+        return not expects_number and unused.total() > 0
+    return False
+
+
+def evaluate(formula: Formula) -> int | None:
+    """Value of an accepted formula ('*' before '+'); None while it is empty or ends with an operator."""
+    if not formula or formula[-1] in OPERATORS:
+        return None
+    total, product = 0, int(formula[0])
+    for op, number in zip(formula[1::2], formula[2::2], strict=True):
+        if op == "*":
+            product *= int(number)
+        else:
+            total, product = total + product, int(number)
+    return total + product
+
+
+def wins(values: Sequence[int], formula: Formula) -> bool:
+    return uses_all_cards(values, formula) and evaluate(formula) == TARGET
+
+
+def uses_all_cards(values: Sequence[int], formula: Formula) -> bool:
+    return sorted(int(t) for t in formula if t in NUMBERS) == sorted(values)
+
+
+def solve(values: Sequence[int]) -> list[Formula]:
+    """Every winning formula, by exhaustive search over all formulas the rules accept."""
+    solutions: list[Formula] = []
+
+    def extend(formula: Formula) -> None:
+        if wins(values, formula):
+            solutions.append(formula)
+        for token in (*NUMBERS, *OPERATORS):
+            if accepts(values, formula, token):
+                extend((*formula, token))
+
+    extend(())
+    return solutions
+
+
+class EZPointsEnv(Env):
+    """Episode rules shared by both variants; a subclass only decides what the observation looks like."""
+
+    task = TASK
+
+    def __init__(self, max_steps: int | None = None) -> None:
+        self.max_steps = max_steps or MAX_STEPS
+        self.cards: tuple[Card, Card] | None = None
+        self.formula: Formula = ()
+        self._steps = 0
+        self._done = True
+
+    @property
+    def values(self) -> tuple[int, int]:
+        return self.cards[0].value, self.cards[1].value
+
+    @abstractmethod
+    def _observe(self) -> Observation: ...
+
+    def reset(self, seed: int) -> tuple[Observation, dict[str, Any]]:
+        self.cards = deal(random.Random(seed))
+        self.formula, self._steps, self._done = (), 0, False
+        return self._observe(), self._info(action_valid=True, won=False)
+
+    def step(self, action: str | None) -> StepResult:
+        if self._done:
+            raise EpisodeOver(f"{self.name}: step() on a finished episode; call reset(seed) first")
+        self._steps += 1
+        terminated = action == EQUALS
+        won = terminated and wins(self.values, self.formula)
+        valid = terminated or accepts(self.values, self.formula, action)
+        if valid and not terminated:
+            self.formula = (*self.formula, action)
+        truncated = not terminated and self._steps >= self.max_steps
+        self._done = terminated or truncated
+        reward = WIN_REWARD if won else 0.0
+        return self._observe(), reward, terminated, truncated, self._info(action_valid=valid, won=won)
+
+    def _info(self, action_valid: bool, won: bool) -> dict[str, Any]:
+        return {
+            "won": won,
+            "action_valid": action_valid,
+            "task": self.task,
+            "admissible_actions": list(VOCABULARY),
+            "step": self._steps,
+            "cards": [c.describe() for c in self.cards],
+            "card_values": list(self.values),
+            "formula": list(self.formula),
+        }
+
+    def hindsight(self, seed: int, actions: Sequence[str | None], rng: random.Random) -> Hindsight:
+        self.reset(seed)
+        trace = []
+        for action in actions:
+            _, _, terminated, truncated, info = self.step(action)
+            trace.append((action, info["action_valid"]))
+            if terminated or truncated:
+                break
+        return ezpoints_hindsight(self.cards, self.formula, trace, rng)
+
+
+# -------------------------------------------------------------------------------------- scripted analyzer
+_SUCCESS = (
+    "With {cards}, enter {formula} and then '=': {formula} = 12. First check whether the two values add up "
+    "to 12 or multiply to 12, then type number, operator, number.",
+    "Winning workflow: read both card values ({values}), pick the operator that makes 12 ({formula}), type "
+    "it token by token and submit with '='.",
+    "Decide the whole formula before typing: {values} -> {formula} = 12, then '='. Remember J, Q and K "
+    "count as 10.",
+)
+_WRONG = (
+    "The formula {wrong} gives {value}, not 12. With {cards}, check both operators first: {correct} = 12.",
+    "Do not submit {wrong} (= {value}); test '+' and '*' on {values} before pressing '='. The correct "
+    "formula was {correct}.",
+    "Submitting {wrong} = {value} lost the hand. For {values} the answer is {correct}; compute the result "
+    "before '='.",
+)
+_EARLY = (
+    "Pressed '=' on {wrong} without using both cards. Enter the full formula {correct} before '='.",
+    "Do not submit an incomplete formula ({wrong}): both card values ({values}) must appear, as in "
+    "{correct}, before pressing '='.",
+)
+_INVALID = (
+    "Tokens {tokens} at {steps} were rejected: only the card values {values}, each once, and an operator "
+    "between them are allowed. Type {correct} then '='.",
+    "Use only the values on the cards ({values}) and alternate number, operator, number: the moves {tokens} "
+    "({steps}) were invalid. The winning formula was {correct}.",
+)
+_UNFINISHED = (
+    "The formula was never submitted: after {wrong} press '='. For {values} the full answer is {correct} "
+    "followed by '='.",
+    "Ran out of steps without pressing '='. Type {correct} and submit with '=' right away.",
+)
+
+
+def ezpoints_hindsight(
+    cards: tuple[Card, Card], formula: Formula, trace: Sequence[tuple[str | None, bool]], rng: random.Random,
+) -> Hindsight:
+    """A workflow skill for a win; otherwise an avoidance rule naming the mistake (the wrong formula, the
+    rejected tokens, the early or missing '=') and a correct formula."""
+    values = tuple(c.value for c in cards)
+    shown = " and ".join(c.label if c.rank <= 10 else f"{c.label} (worth {c.value})" for c in cards)
+    fields = {
+        "cards": shown, "values": f"{values[0]} and {values[1]}",
+        "wrong": f"'{' '.join(formula)}'" if formula else "an empty formula",
+        "formula": " ".join(formula),
+        "correct": " ".join(rng.choice(solve(values))),
+        "value": evaluate(formula),
+    }
+    submitted = bool(trace) and trace[-1][0] == EQUALS
+    result = f"{fields['wrong']} " + ("submitted" if submitted else "never submitted")
+    summary = f"Cards {shown}; {result}; "
+    if submitted and wins(values, formula):
+        return Hindsight(episode_summary=summary + "won.", episode_skill=phrase(rng, _SUCCESS, **fields))
+    invalid = [(k, action) for k, (action, valid) in enumerate(trace, 1) if not valid]
+    if submitted and uses_all_cards(values, formula):
+        skill = phrase(rng, _WRONG, **fields)
+    elif invalid:
+        tokens = ", ".join("(no answer)" if a is None else repr(a) for _, a in invalid)
+        skill = phrase(rng, _INVALID, tokens=tokens, steps=step_list([k for k, _ in invalid]), **fields)
+    elif submitted:
+        skill = phrase(rng, _EARLY, **fields)
+    else:
+        skill = phrase(rng, _UNFINISHED, **fields)
+    summary += f"lost ({count(len(invalid), 'invalid token')})."
+    return Hindsight(episode_summary=summary, episode_skill=skill)
