@@ -82,7 +82,9 @@ class AnalyzerConfig(Section):
     api_key_env: str = "OPENAI_API_KEY"  # external: the *name* of the variable holding the key
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(3, ge=0)
+    retry_backoff_s: float = Field(1.0, ge=0.0)  # external: first retry's wait, doubled each retry (+ jitter)
     max_concurrency: int = Field(8, ge=1)
+    max_steps_shown: int = Field(15, ge=1)  # analyzer prompt: the last N steps of a trajectory
 
 
 class AlgorithmConfig(Section):
@@ -130,6 +132,27 @@ class LoggingConfig(Section):
     progress: bool = True
 
 
+class CollectConfig(Section):
+    """Stage 1, step 1-2: roll out the base policy (no skill) and label each trajectory with an analyzer."""
+
+    num_tasks: int = Field(180, ge=1)
+    group_size: int = Field(8, ge=1)
+    out_dir: str = "runs/stage1-data"
+
+
+class SFTConfig(Section):
+    """Stage 1, step 3 (and solver demonstrations): supervised fine-tuning, loss on answer tokens only."""
+
+    data: list[str] = []  # dataset directories written by `seed-vl collect`
+    demonstrations: int = Field(0, ge=0)  # solver demonstration episodes to add (action tokens only)
+    demo_skill_fraction: float = Field(0.0, ge=0.0, le=1.0)  # share of demo contexts with a scripted skill
+    epochs: int = Field(3, ge=1)
+    lr: float = Field(2e-6, gt=0.0)
+    batch_size: int = Field(8, ge=1)
+    max_length: int = Field(4096, ge=16)
+    out_dir: str = "runs/sft"
+
+
 class Config(Section):
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()
@@ -140,6 +163,8 @@ class Config(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
+    collect: CollectConfig = CollectConfig()
+    sft: SFTConfig = SFTConfig()
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (), schema=Config):

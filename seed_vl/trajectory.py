@@ -3,7 +3,8 @@ losses, reports) reads. A leaf module: it imports nothing from the rest of the p
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -18,8 +19,9 @@ class Turn:
     action_valid: bool
     reward: float
     observation_text: str = ""  # the observation text shown at this turn (analyzer prompts, reports)
-    frame_ids: list[str] = field(default_factory=list)  # content hashes of this turn's observation images
-    info: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)  # this turn's observation frames (PIL; frame ids on disk)
+    # Filled by the trainer's paired re-scoring (reports): the OPD gate of each response token.
+    gates: list[float] | None = None
 
 
 @dataclass
@@ -50,8 +52,29 @@ class Trajectory:
     def invalid_actions(self) -> int:
         return sum(not t.action_valid for t in self.turns)
 
-    def to_record(self) -> dict[str, Any]:
-        """JSON-safe dict; image content items are replaced by their frame ids (see rollout's writer)."""
-        record = asdict(self)
+    def to_record(self, image_ref: Callable[[Any], str] = lambda image: "<image>") -> dict[str, Any]:
+        """JSON-safe dict; each image item of a context becomes `{"type": "image", "image": image_ref(img)}`."""
+        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "turns"}
         record["length"] = self.length
+        record["turns"] = [
+            {
+                **{f.name: getattr(t, f.name) for f in fields(t)},
+                "context": _context_record(t.context, image_ref),
+                "images": [image_ref(img) for img in t.images],
+            }
+            for t in self.turns
+        ]
         return record
+
+
+def _context_record(context: list[dict[str, Any]], image_ref: Callable[[Any], str]) -> list[dict[str, Any]]:
+    out = []
+    for message in context:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [
+                {"type": "image", "image": image_ref(item["image"])} if item.get("type") == "image" else dict(item)
+                for item in content
+            ]
+        out.append({**message, "content": content})
+    return out
