@@ -55,7 +55,7 @@ class EnvConfig(Section):
     num_boxes: int = Field(1, ge=1, le=4)  # Sokoban
     cell_px: int = Field(16, ge=4, le=64)  # Sokoban frame: pixels per grid cell
     image_size: int = Field(300, ge=56, le=1024)  # EZPoints frame side
-    textworld_level: int = Field(1, ge=1, le=30)  # TextWorld tw-simple difficulty
+    textworld_level: int = Field(1, ge=1, le=30)  # TextWorld tw-treasure_hunter level
     textworld_pool_size: int = Field(16, ge=1)
     train_seed_start: int = Field(0, ge=0)
     eval_seed_start: int = Field(1_000_000, ge=0)  # disjoint from training seeds

@@ -3,11 +3,12 @@ generator and played by its engine.
 
 Games. `env.textworld_level` (1-30) is the difficulty scale of TextWorld's `tw-treasure_hunter` challenge
 (the one built-in challenge with a 1-30 level; `tw-simple` only varies reward density and objective
-wording): levels 1-10 are 5 rooms and 1-5 step quests, 11-20 add closed doors and containers, 21-30 locked
-ones, up to 20 steps. Find and take the named object; taking the decoy object loses. Game i of the pool is
+wording): levels 1-10 have 5 rooms and 1-5 step quests, 11-20 have 10 rooms with closed doors and
+containers and 2-10 steps, 21-30 have 20 rooms with locked ones and 3-20 steps. Find and take the named
+object; taking the decoy object loses. Game i of the pool is
 generated from seed i and cached under `<cache_dir>/level-<level>/game-<i>/`, each game written to a
 temporary directory and renamed into place, so concurrent runs share one pool and a pool grows by the
-missing games only. Generation takes under a second per game up to level 20 and up to minutes at 30.
+missing games only. Generation takes about a second per game at low levels and up to minutes at level 30.
 
 Episode. `reset(seed)` picks a pool game with a generator seeded by `seed`; the prompt lists the engine's
 admissible commands. A command outside that list (or None) is an invalid action: -0.1, no engine step. A
@@ -28,7 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from seed_vl.config import ConfigError, EnvConfig
-from seed_vl.envs.base import Env, EpisodeOver, Hindsight, Observation, StepResult, phrase, run_length, step_list
+from seed_vl.envs.base import (
+    Env,
+    EpisodeOver,
+    Hindsight,
+    Observation,
+    StepResult,
+    phrase,
+    run_length,
+    step_list,
+)
 
 try:
     import textworld
@@ -51,7 +61,9 @@ class MissingExtraError(ConfigError, ImportError):
     """An optional dependency is not installed (a one-line setup error, like a bad config)."""
 
 
-def make_textworld_env(env_config: EnvConfig, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR) -> TextWorldEnv:
+def make_textworld_env(
+    env_config: EnvConfig, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR
+) -> TextWorldEnv:
     """The environment for `env_config`, generating the level's game pool on first use."""
     games = game_pool(env_config.textworld_level, env_config.textworld_pool_size, cache_dir)
     return TextWorldEnv(games, env_config.max_steps)
@@ -96,8 +108,7 @@ class TextWorldStep:
 
     action: str | None
     valid: bool
-    plan_before: tuple[str, ...]  # the engine's winning commands before the step
-    plan_after: tuple[str, ...]
+    plan: tuple[str, ...]  # the engine's winning commands after the step (its walkthrough from there)
 
 
 class TextWorldEnv(Env):
@@ -107,7 +118,7 @@ class TextWorldEnv(Env):
         if not game_files:
             raise ConfigError("env.textworld_pool_size: the game pool is empty")
         self.game_files = [Path(f) for f in game_files]
-        self.requested_max_steps = max_steps
+        self._fixed_max_steps = max_steps  # None: a budget per game, set at reset
         self.max_steps = max_steps or MIN_MAX_STEPS
         self._infos = textworld.EnvInfos(
             admissible_commands=True, won=True, lost=True, description=True, inventory=True, objective=True,
@@ -131,7 +142,7 @@ class TextWorldEnv(Env):
             self._engine = textworld.start(str(game_file), request_infos=self._infos)
             self._game_file = game_file
         self._state = self._engine.reset()
-        self.max_steps = self.requested_max_steps or max(MIN_MAX_STEPS, 2 * len(self.walkthrough))
+        self.max_steps = self._fixed_max_steps or max(MIN_MAX_STEPS, 2 * len(self.walkthrough))
         self._steps, self._done = 0, False
         return self._observe(feedback=None), self._info(action_valid=True)
 
@@ -167,23 +178,27 @@ class TextWorldEnv(Env):
     def _info(self, action_valid: bool) -> dict[str, Any]:
         state = self._state
         return {
-            "won": bool(state["won"]), "lost": bool(state["lost"]), "action_valid": action_valid,
-            "task": " ".join(state["objective"].split()), "admissible_actions": list(state["admissible_commands"]),
-            "step": self._steps, "score": state["score"], "max_score": state["max_score"],
+            "won": bool(state["won"]),
+            "lost": bool(state["lost"]),
+            "action_valid": action_valid,
+            "task": " ".join(state["objective"].split()),
+            "admissible_actions": list(state["admissible_commands"]),
+            "step": self._steps,
+            "score": state["score"],
+            "max_score": state["max_score"],
             "game": self._game_file.parent.name,
         }
 
     def hindsight(self, seed: int, actions: Sequence[str | None], rng: random.Random) -> Hindsight:
         self.reset(seed)
-        walkthrough = self.walkthrough
-        trace = []
+        walkthrough, trace = self.walkthrough, []
         for action in actions:
-            plan_before = tuple(self._state["policy_commands"])
             _, _, terminated, truncated, info = self.step(action)
-            trace.append(TextWorldStep(action, info["action_valid"], plan_before, tuple(self._state["policy_commands"])))
+            trace.append(TextWorldStep(action, info["action_valid"], tuple(self._state["policy_commands"])))
             if terminated or truncated:
                 break
-        return textworld_hindsight(walkthrough, trace, bool(self._state["won"]), bool(self._state["lost"]), rng)
+        won, lost = bool(self._state["won"]), bool(self._state["lost"])
+        return textworld_hindsight(walkthrough, trace, won, lost, rng)
 
 
 def _clean(text: str) -> str:
@@ -194,7 +209,8 @@ def _clean(text: str) -> str:
 
 # -------------------------------------------------------------------------------------- scripted analyzer
 _WON = (
-    "Carry out the objective's steps in the order given, each as an admissible command: {route} won this game.",
+    "Carry out the objective's steps in the order given, each as an admissible command: {route} won this "
+    "game.",
     "Winning workflow: read the objective, then type its steps one by one ({route}), exactly as listed.",
     "Do what the objective says in the order it says it; here {route} reached the goal in {n} steps.",
 )
@@ -212,9 +228,9 @@ _STALLED = (
     "Warning sign: turns pass without progress. The objective still needed '{next}' (remaining: {rest}).",
 )
 _INVALID = (
-    "{count} commands ({steps}) were not admissible and wasted turns; copy one from the list exactly. The "
-    "missing sub-goal was '{next}'.",
-    "Type only commands from the admissible list: {steps} were rejected. The game still needed '{next}'.",
+    "Not admissible at {steps}: copy commands from the list exactly instead of inventing them. The missing "
+    "sub-goal was '{next}'.",
+    "Type only commands from the admissible list (rejected at {steps}). The game still needed '{next}'.",
 )
 
 
@@ -223,23 +239,24 @@ def textworld_hindsight(
 ) -> Hindsight:
     """A workflow skill for a win; the fatal command for a loss; otherwise the missing sub-goal: the first
     step of the engine's remaining plan, with the rejected commands when there were any."""
-    n = len(trace)
+    n, total = len(trace), len(walkthrough)
+    plans = [tuple(walkthrough), *(t.plan for t in trace)]  # before the first step, then after each
     route = run_length([t.action for t in trace if t.valid])
     invalid = [k for k, t in enumerate(trace, 1) if not t.valid]
     if won:
-        summary = f"Won in {n} steps (the walkthrough takes {len(walkthrough)}): {route}."
+        summary = f"Won in {n} steps (the walkthrough takes {total}): {route}."
         return Hindsight(episode_summary=summary, episode_skill=phrase(rng, _WON, route=route, n=n))
-    if lost:  # the last command lost the game
-        last = trace[-1]
-        summary = f"Lost at step {n} by '{last.action}' after {len(invalid)} invalid commands."
-        skill = phrase(rng, _LOST, fatal=last.action, next=last.plan_before[0], k=n)
+    if lost:  # by the last command
+        fatal = trace[-1].action
+        summary = f"Lost at step {n} by '{fatal}' (invalid commands: {len(invalid)})."
+        skill = phrase(rng, _LOST, fatal=fatal, next=plans[-2][0], k=n)
         return Hindsight(episode_summary=summary, episode_skill=skill)
-    plan = trace[-1].plan_after if trace else tuple(walkthrough)
-    done = max(0, len(walkthrough) - len(plan))
-    fields = {"next": plan[0], "done": done, "total": len(walkthrough), "rest": run_length(list(plan))}
-    summary = f"Not won in {n} steps ({len(invalid)} invalid): {done} of {len(walkthrough)} objective steps done."
+    plan = plans[-1]
+    done = max(0, total - len(plan))
+    fields = {"next": plan[0], "done": done, "total": total, "rest": run_length(list(plan))}
+    summary = f"Not won in {n} steps (invalid commands: {len(invalid)}); {done} of {total} objective steps done."
     if invalid:
-        skill = phrase(rng, _INVALID, count=len(invalid), steps=step_list(invalid), **fields)
+        skill = phrase(rng, _INVALID, steps=step_list(invalid), **fields)
     else:
         skill = phrase(rng, _STALLED, **fields)
     return Hindsight(episode_summary=summary, episode_skill=skill)
