@@ -33,6 +33,43 @@ def _cmd_make_tiny_model(args: argparse.Namespace) -> None:
     print(f"tiny model written to {out}")
 
 
+def _config(args: argparse.Namespace):
+    from seed_vl.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def _cmd_train(args: argparse.Namespace) -> None:
+    from seed_vl.trainer import train
+
+    train(_config(args), resume=args.resume)
+
+
+def _cmd_eval(args: argparse.Namespace) -> None:
+    from seed_vl.evaluation import run_evaluation
+
+    for name, value in run_evaluation(_config(args)).items():
+        print(f"{name}: {value:.4f}")
+
+
+def _cmd_collect(args: argparse.Namespace) -> None:
+    from seed_vl.stage1 import collect
+
+    print(f"dataset written to {collect(_config(args))}")
+
+
+def _cmd_sft(args: argparse.Namespace) -> None:
+    from seed_vl.stage1 import sft
+
+    print(f"fine-tuned model written to {sft(_config(args))}")
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> None:
+    from seed_vl.reproduce import reproduce
+
+    print(f"results written to {reproduce(args.config, args.overrides)}")
+
+
 def _cmd_demo(args: argparse.Namespace) -> None:
     from seed_vl.demo import run_demo
 
@@ -40,8 +77,13 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], None]]] = {
+    "train": ("stage 2: RL with SEED or a baseline preset (algorithm.preset=grpo|opsd|sdar|seed)", _cmd_train),
+    "eval": ("success rate and return of model.path on held-out seeds", _cmd_eval),
+    "collect": ("stage 1: roll out the base policy and label trajectories with an analyzer", _cmd_collect),
+    "sft": ("stage 1: fine-tune on analyzer prompt -> JSON pairs (and solver demonstrations)", _cmd_sft),
     "make-tiny-model": ("build the tiny Qwen-architecture model used by tests and the CPU demo", _cmd_make_tiny_model),
-    "demo": ("the CPU demo: tiny model, one environment, end to end", _cmd_demo),
+    "demo": ("the CPU demo: warm start, then SEED on visual Sokoban with the tiny model", _cmd_demo),
+    "reproduce": ("toy-scale GRPO / GRPO+OPSD / SEED comparison, writes docs/RESULTS.md", _cmd_reproduce),
 }
 
 
@@ -57,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
         else:
             _add_config_args(p)
+        if name == "train":
+            p.add_argument("--resume", metavar="DIR", help="a run directory or checkpoint to continue from")
     return parser
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from seed_vl.io import atomic_write_text
 
@@ -103,6 +103,7 @@ class AlgorithmConfig(Section):
 class TrainConfig(Section):
     seed: int = 0
     steps: int = Field(150, ge=0)
+    env_step_budget: int = Field(0, ge=0)  # > 0: also stop once this many environment steps are spent
     lr: float = Field(1e-6, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_steps: int = Field(0, ge=0)
@@ -153,6 +154,43 @@ class SFTConfig(Section):
     out_dir: str = "runs/sft"
 
 
+_VISUAL_SUFFIX = "_visual"
+
+
+class WarmstartConfig(Section):
+    """The tiny model's warm start (`seed-vl warmstart`). It stands in for pretraining and is not part of
+    SEED: behaviour cloning on solver demonstrations (a share of them with the episode's scripted skill in
+    context) plus analyzer SFT on scripted labels, stopped early so that the base policy leaves room for RL."""
+
+    base_model: str = ".cache/tiny-vl"  # the untrained tiny model; built with `tiny_model_seed` when missing
+    tiny_model_seed: int = 0
+    out_dir: str = ".cache/warmstart-vl"  # model/ and warmstart.json; reused while the settings match
+    envs: list[str] = ["sokoban_visual", "ezpoints_visual"]  # all visual (VL model) or all text
+    seed: int = 0  # demonstrations, shuffling, evaluation sampling
+    demonstrations: int = Field(64, ge=1)  # solver episodes per environment
+    demo_skill_fraction: float = Field(0.5, ge=0.0, le=1.0)  # share of demo contexts with the scripted skill
+    analyzer_episodes: int = Field(16, ge=0)  # labelled episodes per environment: half solver, half random
+    train_vision_tower: bool = True  # pretraining teaches the tower to see; RL keeps it frozen by default
+    epochs: int = Field(2, ge=1)
+    lr: float = Field(1e-3, gt=0.0)
+    batch_size: int = Field(8, ge=1)
+    eval_tasks: int = Field(32, ge=1)  # held-out episodes per environment for the base success rates
+
+    @field_validator("envs")
+    @classmethod
+    def _known_and_one_modality(cls, envs: list[str]) -> list[str]:
+        known = get_args(EnvConfig.model_fields["name"].annotation)
+        if not envs or any(name not in known for name in envs):
+            raise ValueError(f"name one or more environments among {', '.join(known)}")
+        if len({name.endswith(_VISUAL_SUFFIX) for name in envs}) > 1:
+            raise ValueError("all visual or all text: one model learns them")
+        return envs
+
+    @property
+    def text_only(self) -> bool:
+        return not self.envs[0].endswith(_VISUAL_SUFFIX)
+
+
 class Config(Section):
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()
@@ -165,6 +203,7 @@ class Config(Section):
     logging: LoggingConfig = LoggingConfig()
     collect: CollectConfig = CollectConfig()
     sft: SFTConfig = SFTConfig()
+    warmstart: WarmstartConfig = WarmstartConfig()
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (), schema=Config):

@@ -57,16 +57,41 @@ class MetricsLogger:
             self._wandb = None
 
 
-def progress(items: Iterable[T], desc: str, total: int | None = None, enabled: bool = True) -> Iterator[T]:
-    """A tqdm bar on a terminal; one plain line per phase (start and end) when output is not a TTY."""
-    if not enabled:
-        yield from items
-        return
-    if sys.stderr.isatty():
-        yield from tqdm(items, desc=desc, total=total, leave=False, dynamic_ncols=True)
-        return
-    start = time.perf_counter()
-    count = 0
-    for count, item in enumerate(items, 1):  # noqa: B007
-        yield item
-    print(f"[seed-vl] {desc}: {count} done in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
+class Phase:
+    """Progress of one phase of a step: a tqdm bar on a terminal, one plain line at the end otherwise.
+
+        with Phase("step 3 rollout", total=32, unit="episodes") as bar:
+            ...; bar.update(1)
+    """
+
+    def __init__(self, desc: str, total: int | None = None, unit: str = "items", enabled: bool = True) -> None:
+        self.desc, self.total, self.unit, self.enabled = desc, total, unit, enabled
+        self.count = 0
+        self.seconds = 0.0
+        self._bar = None
+
+    def __enter__(self) -> Phase:
+        self._start = time.perf_counter()
+        if self.enabled and sys.stderr.isatty():
+            self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, leave=False, dynamic_ncols=True)
+        return self
+
+    def update(self, n: int = 1) -> None:
+        self.count += n
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._start
+        if self._bar is not None:
+            self._bar.close()
+        elif self.enabled and exc[0] is None:
+            print(f"[seed-vl] {self.desc}: {self.count} {self.unit} in {self.seconds:.1f}s", file=sys.stderr, flush=True)
+
+
+def progress(items: Iterable[T], desc: str, total: int | None = None, unit: str = "items", enabled: bool = True) -> Iterator[T]:
+    """Iterate with a `Phase`."""
+    with Phase(desc, total=total, unit=unit, enabled=enabled) as bar:
+        for item in items:
+            yield item
+            bar.update()

@@ -1,0 +1,432 @@
+"""The policy wrapper: one object over any HF causal LM or image-text-to-text model and its processor.
+
+A context is a list of chat messages whose content is a string or a list of `{"type": "text", "text": ...}`
+and `{"type": "image", "image": PIL.Image}` items. `generate` samples responses to contexts; `score` returns
+the per-token log-probs (and entropies) of given response token ids, which follow the templated prompt
+(with the generation prompt) directly. Both calls work the same for text-only and vision-language models.
+
+Vision-language models get their image features from the wrapper's `VisionCache` through the
+`mm_encoder_outputs` argument that transformers' Qwen-VL `forward` and `generate` accept, so every unique
+frame is encoded once until the weights change (`on_weights_updated`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.utils import is_flash_attn_2_available
+
+from seed_vl.vision_cache import ImageEncoding, ImageFeatures, VisionCache, image_key
+
+Context = list[dict[str, Any]]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+
+
+@dataclass
+class Generation:
+    """One sampled response. `token_ids` end at the token that completes the first stop string (or at the
+    last token before EOS, or at `max_new_tokens`); `text` is their decoding."""
+
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class ScoreOutput:
+    logprobs: list[torch.Tensor]  # one 1-D tensor per sample, one entry per response token
+    entropies: list[torch.Tensor] | None  # same shapes; entropy of the full next-token distribution
+
+
+class _PerSampleGumbel(LogitsProcessor):
+    """Exact categorical sampling as argmax(scores + Gumbel noise), with one generator per row, so a
+    row's sample depends only on its own context and seed, never on what else is in the batch."""
+
+    def __init__(self, seeds: Sequence[int], device: torch.device) -> None:
+        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        uniform = torch.stack(
+            [torch.rand(scores.shape[-1], generator=g, device=scores.device) for g in self.generators]
+        )
+        tiny = torch.finfo(uniform.dtype).tiny
+        return scores + -torch.log(-torch.log(uniform.clamp(tiny, 1.0 - 1e-7)))
+
+
+class Policy:
+    """An HF model plus its processor (or tokenizer), with batched generation and scoring."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        processor: Any,
+        *,
+        freeze_vision_tower: bool = True,
+        vision_cache_max_entries: int = 4096,
+        vision_cache: VisionCache | None = None,
+        seed: int = 0,
+    ) -> None:
+        """`vision_cache` shares another policy's cache, e.g. the reference model's: valid only while both
+        vision towers hold the same weights (frozen towers loaded from one checkpoint)."""
+        self._model = model
+        self._forward_module: torch.nn.Module = model
+        self._processor = processor
+        self._tokenizer = getattr(processor, "tokenizer", processor)
+        self.is_vision = hasattr(processor, "image_processor") and hasattr(model, "get_image_features")
+        self.cache = vision_cache if vision_cache is not None else VisionCache(vision_cache_max_entries)
+        self._rng = torch.Generator().manual_seed(seed)  # draws per-sample seeds when the caller gives none
+        self.vision_tower_trainable = self.is_vision and not freeze_vision_tower
+        if self.is_vision:
+            if freeze_vision_tower:
+                model.get_encoder(modality="image").requires_grad_(False)
+            settings = processor.image_processor.to_json_string()
+            self._image_settings = hashlib.sha1(settings.encode()).hexdigest()
+        tokenizer = self._tokenizer
+        self._pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
+        eos = model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+        self._eos_ids = sorted(i for i in eos_ids if i is not None)
+        unk = tokenizer.unk_token_id
+        vision_ids = {tokenizer.convert_tokens_to_ids(t) for t in _VISION_TOKENS} - {None, unk}
+        self._vision_token_ids = sorted(vision_ids) if self.is_vision else []
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        *,
+        dtype: str = "float32",
+        device: str = "auto",
+        attn_implementation: str = "sdpa",
+        freeze_vision_tower: bool = True,
+        vision_cache_max_entries: int = 4096,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        vision_cache: VisionCache | None = None,
+        seed: int = 0,
+    ) -> Policy:
+        """Load a local HF checkpoint (vision-language when its config has a `vision_config`)."""
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"model.path: {path} is not a Hugging Face checkpoint directory (no config.json)"
+            )
+        if dtype not in _DTYPES:
+            raise ValueError(f"model.dtype: {dtype!r} is not one of {', '.join(_DTYPES)}")
+        if attn_implementation == "flash_attention_2" and not is_flash_attn_2_available():
+            raise ValueError(
+                "model.attn_implementation: flash_attention_2 needs the flash-attn package and a GPU"
+            )
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        is_vision = hasattr(AutoConfig.from_pretrained(path), "vision_config")
+        model_class = AutoModelForImageTextToText if is_vision else AutoModelForCausalLM
+        model = model_class.from_pretrained(
+            path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, device_map=device
+        )
+        if is_vision:
+            pixels = {"min_pixels": min_pixels, "max_pixels": max_pixels}
+            processor = AutoProcessor.from_pretrained(
+                path, **{k: v for k, v in pixels.items() if v is not None}
+            )
+        else:
+            processor = AutoTokenizer.from_pretrained(path)
+        return cls(
+            model.eval(),
+            processor,
+            freeze_vision_tower=freeze_vision_tower,
+            vision_cache_max_entries=vision_cache_max_entries,
+            vision_cache=vision_cache,
+            seed=seed,
+        )
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._model
+
+    @property
+    def processor(self) -> Any:
+        return self._processor
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self._model.device
+
+    def set_forward_module(self, module: torch.nn.Module) -> None:
+        """Run scoring forwards through `module`, e.g. the DDP/FSDP wrapper `accelerate` returns for the
+        model, so gradients synchronise; generation and image encoding keep using the bare model."""
+        self._forward_module = module
+
+    def on_weights_updated(self) -> None:
+        """Call after every optimizer step or weight load: cached image features are stale."""
+        self.cache.clear()
+
+    def save_pretrained(self, out_dir: str | os.PathLike) -> None:
+        """Model (safetensors) and processor in ordinary Hugging Face format, loadable by `from_pretrained`."""
+        self._model.save_pretrained(out_dir, safe_serialization=True)
+        self._processor.save_pretrained(out_dir)
+
+    # ----------------------------------------------------------------------------------------------
+    # generation
+
+    @torch.no_grad()
+    def generate(
+        self,
+        contexts: Sequence[Context],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_strings: Sequence[str] = ("</action>",),
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generation]:
+        """Sample one response per context (greedy when `temperature == 0`). Sample i depends only on
+        context i and `seeds[i]`; without `seeds`, seeds come from the policy's own seeded generator."""
+        if not contexts:
+            return []
+        if seeds is None:
+            seeds = torch.randint(0, 2**62, (len(contexts),), generator=self._rng).tolist()
+        if len(seeds) != len(contexts):
+            raise ValueError(f"seeds: got {len(seeds)} seeds for {len(contexts)} contexts")
+        batch, keys = self._encode_prompts(contexts, padding_side="left")
+        inputs = self._model_inputs(batch, keys, with_grad=False)
+        warpers = LogitsProcessorList()
+        if temperature > 0:
+            warpers.append(TemperatureLogitsWarper(temperature))
+            if top_p < 1.0:
+                warpers.append(TopPLogitsWarper(top_p))
+            warpers.append(_PerSampleGumbel(seeds, self.device))
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,  # sampling is the Gumbel warper's argmax, seeded per row
+            num_beams=1,
+            repetition_penalty=1.0,
+            eos_token_id=self._eos_ids,
+            pad_token_id=self._pad_id,
+            suppress_tokens=self._vision_token_ids or None,  # a response never holds image placeholders
+            stop_strings=list(stop_strings) or None,
+        )
+        output = self._model.generate(
+            **inputs, generation_config=config, logits_processor=warpers, tokenizer=self._tokenizer
+        )
+        new_tokens = output[:, batch["input_ids"].shape[1] :].tolist()
+        return [self._finish(ids, stop_strings) for ids in new_tokens]
+
+    def _finish(self, ids: list[int], stop_strings: Sequence[str]) -> Generation:
+        """Cut a generated row at its first EOS (excluded) or its first completed stop string (included)."""
+        eos = next((k for k, token in enumerate(ids) if token in self._eos_ids), len(ids))
+        ids = ids[:eos]
+
+        def has_stop(k: int) -> bool:
+            text = self._tokenizer.decode(ids[:k])
+            return any(stop in text for stop in stop_strings)
+
+        if stop_strings and has_stop(len(ids)):  # bisect for the shortest prefix holding a stop string
+            low, high = 1, len(ids)
+            while low < high:
+                mid = (low + high) // 2
+                low, high = (low, mid) if has_stop(mid) else (mid + 1, high)
+            ids = ids[:low]
+        return Generation(text=self._tokenizer.decode(ids), token_ids=ids)
+
+    # ----------------------------------------------------------------------------------------------
+    # scoring
+
+    def score(
+        self,
+        contexts: Sequence[Context],
+        responses: Sequence[Sequence[int]],
+        *,
+        micro_batch_size: int = 8,
+        with_grad: bool = False,
+        return_entropy: bool = True,
+    ) -> ScoreOutput:
+        """Per-token log-probs (and entropies) of `responses[i]` following `contexts[i]`."""
+        logprobs: list[torch.Tensor] = [torch.empty(0)] * len(contexts)
+        entropies: list[torch.Tensor] = [torch.empty(0)] * len(contexts)
+        for indices, batch_logprobs, batch_entropies in self.score_batches(
+            contexts, responses, micro_batch_size, with_grad=with_grad, return_entropy=return_entropy
+        ):
+            for k, i in enumerate(indices):
+                logprobs[i] = batch_logprobs[k]
+                if batch_entropies is not None:
+                    entropies[i] = batch_entropies[k]
+        return ScoreOutput(logprobs=logprobs, entropies=entropies if return_entropy else None)
+
+    def score_batches(
+        self,
+        contexts: Sequence[Context],
+        responses: Sequence[Sequence[int]],
+        micro_batch_size: int = 8,
+        *,
+        with_grad: bool = False,
+        return_entropy: bool = True,
+    ) -> Iterator[tuple[list[int], list[torch.Tensor], list[torch.Tensor] | None]]:
+        """Score micro-batch by micro-batch, yielding (sample indices, log-probs, entropies or None).
+        With `with_grad`, call `backward()` on each micro-batch's loss before asking for the next one."""
+        if len(responses) != len(contexts):
+            raise ValueError(f"responses: got {len(responses)} responses for {len(contexts)} contexts")
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        responses = [self._check_response(i, r) for i, r in enumerate(responses)]
+        for start in range(0, len(contexts), micro_batch_size):
+            indices = list(range(start, min(start + micro_batch_size, len(contexts))))
+            with torch.set_grad_enabled(with_grad):
+                logprobs, entropies = self._score_micro_batch(
+                    [contexts[i] for i in indices], [responses[i] for i in indices], with_grad, return_entropy
+                )
+            yield indices, logprobs, entropies
+
+    def _check_response(self, index: int, response: Sequence[int]) -> list[int]:
+        ids = [int(t) for t in response]
+        vocab = self._model.get_input_embeddings().num_embeddings
+        bad = [t for t in ids if not 0 <= t < vocab or t in self._vision_token_ids]
+        if bad:
+            raise ValueError(
+                f"responses[{index}]: token id {bad[0]} is outside the vocabulary or a vision placeholder"
+            )
+        return ids
+
+    def _score_micro_batch(
+        self, contexts: list[Context], responses: list[list[int]], with_grad: bool, return_entropy: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        # Left padding lines every sequence up at the right end, so the logits of all response tokens lie
+        # in the last max(len(response)) + 1 positions and only those go through the LM head.
+        prompts, keys = self._encode_prompts(contexts, padding_side="left")
+        batch = self._append_responses(prompts, responses)
+        longest = max(len(r) for r in responses)
+        inputs = self._model_inputs(batch, keys, with_grad=with_grad)
+        if not keys:  # text positions must skip the left padding (with images, M-RoPE's own index does)
+            inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        logits = (
+            self._forward_module(**inputs, use_cache=False, logits_to_keep=longest + 1).logits[:, :-1].float()
+        )
+        log_probs = torch.log_softmax(logits, dim=-1)
+        targets = batch["input_ids"][:, -longest:] if longest else batch["input_ids"][:, :0]
+        token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        token_entropies = -(log_probs.exp() * log_probs).sum(-1) if return_entropy else None
+        lengths = [len(r) for r in responses]
+        logprobs = [token_logprobs[k, longest - n :] for k, n in enumerate(lengths)]
+        entropies = (
+            [token_entropies[k, longest - n :] for k, n in enumerate(lengths)] if return_entropy else None
+        )
+        return logprobs, entropies
+
+    def _append_responses(self, prompts: dict[str, torch.Tensor], responses: list[list[int]]) -> dict:
+        """Left-padded prompt + response sequences (response tokens are text: modality type 0)."""
+        real = prompts["attention_mask"].bool()
+        ids = [p[m].tolist() + r for p, m, r in zip(prompts["input_ids"], real, responses, strict=True)]
+        width = max(len(row) for row in ids)
+
+        def left_pad(rows: list[list[int]], fill: int) -> torch.Tensor:
+            return torch.tensor([[fill] * (width - len(row)) + row for row in rows], dtype=torch.long)
+
+        batch = dict(
+            prompts,
+            input_ids=left_pad(ids, self._pad_id),
+            attention_mask=left_pad([[1] * len(r) for r in ids], 0),
+        )
+        if "mm_token_type_ids" in prompts:
+            types = [
+                t[m].tolist() + [0] * len(r)
+                for t, m, r in zip(prompts["mm_token_type_ids"], real, responses, strict=True)
+            ]
+            batch["mm_token_type_ids"] = left_pad(types, 0)
+        return batch
+
+    # ----------------------------------------------------------------------------------------------
+    # inputs
+
+    def _encode_prompts(self, contexts: Sequence[Context], padding_side: str) -> tuple[dict, list[str]]:
+        """Template and tokenize contexts (one padded batch); also the cache keys of their images in order."""
+        texts, images = [], []
+        for i, context in enumerate(contexts):
+            images.extend(self._images_of(i, context))
+            texts.append(
+                self._processor.apply_chat_template(context, tokenize=False, add_generation_prompt=True)
+            )
+        kwargs = dict(padding=True, padding_side=padding_side, add_special_tokens=False, return_tensors="pt")
+        if self.is_vision:
+            batch = self._processor(text=texts, images=images or None, **kwargs)
+        else:
+            batch = self._processor(texts, **kwargs)
+        keys = [image_key(image, self._image_settings) for image in images] if images else []
+        return dict(batch), keys
+
+    def _images_of(self, index: int, context: Context) -> list[Image.Image]:
+        if not isinstance(context, list) or not all(isinstance(m, dict) and "role" in m for m in context):
+            raise ValueError(
+                f"contexts[{index}]: a context is a list of chat messages with 'role' and 'content'"
+            )
+        images = []
+        for message in context:
+            content = message.get("content")
+            items = [] if isinstance(content, str) else content
+            if not isinstance(items, list):
+                raise ValueError(f"contexts[{index}]: message content must be a string or a list of items")
+            for item in items:
+                if not isinstance(item, dict):
+                    raise ValueError(f"contexts[{index}]: content items are dicts with a 'type'")
+                if item.get("type") != "image":
+                    continue
+                if not self.is_vision:
+                    raise ValueError(f"contexts[{index}] holds an image but the model is text-only")
+                if not isinstance(item.get("image"), Image.Image):
+                    raise ValueError(f"contexts[{index}]: an image item needs a PIL.Image under 'image'")
+                images.append(item["image"])
+        return images
+
+    def _model_inputs(self, batch: dict, keys: list[str], with_grad: bool) -> dict[str, Any]:
+        """Model keyword arguments on the model's device; image features come from the cache."""
+        inputs = {k: v.to(self.device) for k, v in batch.items() if k != "pixel_values"}
+        if not keys:
+            return inputs
+        if not self.cache.enabled:
+            self.cache.count_uncached(len(keys))
+            inputs["pixel_values"] = batch["pixel_values"].to(self.device)
+            return inputs
+        grids = inputs["image_grid_thw"]
+        pixels = batch["pixel_values"].split(grids.prod(-1).tolist())
+        tower_grad = with_grad and self.vision_tower_trainable  # the student pass through a trainable tower
+
+        def encode(positions: list[int]) -> list[ImageEncoding]:
+            with torch.set_grad_enabled(tower_grad):
+                return self._encode_images(torch.cat([pixels[p] for p in positions]), grids[positions])
+
+        encodings = self.cache.fetch(keys, encode, store=not tower_grad)
+        inputs["mm_encoder_outputs"] = {"image": ImageFeatures.from_encodings(encodings)}
+        return inputs
+
+    def _encode_images(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> list[ImageEncoding]:
+        output = self._model.get_image_features(pixel_values.to(self.device), grid_thw, return_dict=True)
+        deepstack = getattr(output, "deepstack_features", None) or []
+        return [
+            ImageEncoding(embeds, tuple(layer[i] for layer in deepstack))
+            for i, embeds in enumerate(output.pooler_output)
+        ]

@@ -1,0 +1,361 @@
+"""A tiny, randomly initialised Qwen-architecture model written in ordinary Hugging Face format.
+
+Tests and the CPU demo need a real checkpoint without any model hub: `build_tiny_model` writes one that
+`AutoModelForImageTextToText` + `AutoProcessor` (or `AutoModelForCausalLM` + `AutoTokenizer` for the
+text-only variant) load exactly like a Qwen release. The tokenizer is a byte-level BPE trained in-process
+on the words the environments, prompts and analyzer use, so their text costs few tokens. The same seed
+writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import (
+    GenerationConfig,
+    PreTrainedConfig,
+    PreTrainedModel,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2Tokenizer,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen2VLImageProcessor,
+    Qwen2VLProcessor,
+    Qwen2VLVideoProcessor,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
+)
+
+from seed_vl.io import atomic_directory
+
+ARCHITECTURES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
+
+# Qwen's chat-format and vision special tokens, in Qwen's id order.
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+VOCAB_SIZE = 4096  # BPE cap; the corpus yields ~2.2k tokens (embeddings padded to a multiple of 64)
+MIN_PIXELS = 4 * 28 * 28  # 56x56
+MAX_PIXELS = 256 * 28 * 28  # a 300x300 EZPoints frame fits without downscaling
+
+# Qwen2-VL's chat format: image items become <|vision_start|><|image_pad|><|vision_end|>, which the
+# processor expands to one <|image_pad|> per merged vision patch.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen2's pre-tokenizer: contractions, letter runs, single digits, punctuation runs, whitespace.
+_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_TEXT_DIMS = dict(
+    hidden_size=128,
+    intermediate_size=512,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-6,
+)
+
+
+# Everyday instruction English beyond the environment words, so prompts and skills stay short in tokens.
+_GENERIC_WORDS = """
+a about above across act action actions after again against agent all almost alone along already also although
+always am among amount an analysis analyze and another answer any anything apply are area around as ask assistant
+at attempt avoid away back bad based be because become been before begin behind being believe below best better
+between beyond block blocked board both bottom break bring build but by call can cannot careful case cause cell
+center certain chance change check choice choose chosen clear clearly close column come complete completed
+condition consider contain context continue control copy correct correctly cost could count course cover create
+current danger dead deal decide decision describe description detail did different difficult direct direction
+directly distance do does done down during each early easy effect either else empty end enough ensure entire
+environment error even every exact exactly example expect explain explanation fact fail failed failure far fast
+few field final finally find first fix follow following for form format forward found free from front full
+function further gain general get give given go goal goes good got great group guess had half happen happened
+hard has have he help her here high him his hold how however idea if image important in include index inside
+instead instruction into is it item its itself just keep kind know known large last later lead learn least leave
+left less let level like likely limit line list little local long look loop lose lost low made main make many map
+mark match may maybe mean means middle might miss missing mistake more most move moved moves moving much must
+name near need needed never new next no none nor not note nothing now number object observe obvious of off often
+on once one only onto open option or order other our out outcome output over own pair part path pattern perform
+pick place plan play please point policy position possible prefer present prevent previous problem process
+progress provide push put question quickly rather reach reached read ready reason recent reduce remain remember
+repeat result return reuse reward right risk role room row rule run safe same say score second see seen select
+sequence set several shape short should show side signal simple since single size skill small so solution solve
+solved some something space specific start state step steps still stop strategy stuck success successful such
+summary sure system take taken target task than that the their them then there these they thing think this those
+three through time to together too top toward track trajectory try turn twice two under understand unless until
+up update use used useful user using valid value very view visible wait want was way we well were what when where
+whether which while who why will win with within without won word work worked would wrong yes yet you your
+zero one two three four five six seven eight nine ten eleven twelve first second third last
+"""
+
+
+def _corpus_lines() -> list[str]:
+    """Sentences in the shape the environments, prompt templates and analyzer produce."""
+    directions = ["up", "down", "left", "right"]
+    sokoban = [
+        "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.",
+        "When you are right next to a box, you can push it by moving in the same direction.",
+        "You cannot push a box through a wall, and you cannot pull a box.",
+        "Symbols: # wall, _ floor, O target, X box, P player, √ box on target, S player on target.",
+        "The room is a grid of walls, floor, one box and one target. Move the box onto the target.",
+        "Your available actions are up, down, left, right.",
+    ]
+    sokoban += [
+        f"Row {i}: # {' '.join(cells)} _ #" for i, cells in enumerate(itertools.product("#_OXP√S", repeat=3))
+    ]
+    sokoban += [
+        f"The player moved {a} and the box moved {b}. The box is {c} of the target."
+        for a, b, c in itertools.product(directions, directions, ["above", "below", "left", "right"])
+    ]
+    ranks = ["A", "2", "3", "4", "5", "6", "7", "8", "9", "10", "J", "Q", "K"]
+    ezpoints = [
+        "You are an expert card game player. You are observing two cards in the image.",
+        "You can choose between ['1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '+', '*', '='].",
+        "The number or operator you choose will be appended to the current formula.",
+        "Note that 'J', 'Q', and 'K' count as '10', and 'A' counts as '1'.",
+        "Your goal is to output a formula that evaluates to 12, and each number can only be used once.",
+    ]
+    suits = ["Hearts", "Diamonds", "Clubs", "Spades"]
+    ezpoints += [
+        f"Cards: {rank} of {suit} and King of {suit}." for rank, suit in itertools.product(ranks, suits)
+    ]
+    ezpoints += [
+        "Ace, Jack, Queen and King are face cards; Two, Three, Four, Five, Six, Seven, Eight, Nine, Ten."
+    ]
+    ezpoints += [
+        f"Formula: {a} + {b} = {a + b}. Formula: {a} * {b} = {a * b}."
+        for a, b in itertools.product(range(1, 11), repeat=2)
+    ]
+    rooms = ["kitchen", "bedroom", "bathroom", "cellar", "garden", "hallway", "attic", "pantry", "study"]
+    things = ["key", "box", "chest", "door", "table", "shelf", "apple", "lamp", "coin", "book", "drawer"]
+    verbs = ["take", "drop", "open", "close", "examine", "eat", "unlock"]
+    textworld = [
+        f"You are in the {room}. You see a {thing}. Exits lead north, south, east and west."
+        for room, thing in itertools.product(rooms, things)
+    ]
+    textworld += [f"{verb} {thing}" for verb, thing in itertools.product(verbs, things)]
+    textworld += [f"go {d}" for d in ["north", "south", "east", "west"]] + ["look", "inventory"]
+    textworld += ["Admissible commands: go north, take key from table, open door, unlock chest with key."]
+    analyzer = [
+        '{"episode_summary": "The agent pushed the box onto the target in 4 steps.", '
+        '"episode_skill": "Line up behind the box before pushing it toward the target."}',
+        '{"episode_summary": "The agent pushed the box into a corner and failed.", '
+        '"episode_skill": "Avoid pushing a box into a corner; it can never be moved out again."}',
+        "Task success: true. Task failure: false. Success label, reward, return, step, valid action, invalid action.",
+        "Write one short policy-facing skill, not a retrospective explanation.",
+        "If the episode succeeded, write a workflow skill: the decision rule and action order that worked.",
+        "If the episode failed, write an avoidance rule: the core mistake and its warning signs.",
+        "**Episode-Level Skill**",
+        "Refer to this episode-level skill when deciding what action to take in the current episode:",
+    ]
+    instructions = [
+        "Think step by step about the current observation, then answer with exactly one action.",
+        "Your response should be in the format <think>...</think><action>...</action>.",
+        "The history of your previous observations and actions is shown below.",
+        "Observation: the current state. Previous action: the action you took at the last step.",
+        "You are a helpful assistant. Please answer the question about the image.",
+        "system\nuser\nassistant\n",
+    ]
+    answers = [
+        f"<think>The box is {a} of me and the target is {b}, so I move {a}.</think><action>{a}</action>"
+        for a, b in itertools.product(directions, directions)
+    ]
+    answers += [
+        f"<think>I have {a} and {12 - a}, so {a} + {12 - a} = 12.</think><action>{a}</action>"
+        for a in range(2, 7)
+    ]
+    answers += ["<think>Use both cards.</think><action>+</action>", "<think>Done.</think><action>=</action>"]
+    words = sorted(set(_GENERIC_WORDS.split()))
+    generic = [" ".join(words), " ".join(w.capitalize() for w in words), " ".join(f"{w}." for w in words)]
+    numbers = [" ".join(str(n) for n in range(101)), '{"a": [1, 2], "b": {"c": null, "d": true, "e": false}}']
+    return sokoban + ezpoints + textworld + analyzer + instructions + answers + generic + numbers
+
+
+TOKENIZER_CORPUS: tuple[str, ...] = tuple(_corpus_lines())
+
+
+def train_tokenizer(
+    corpus: tuple[str, ...] = TOKENIZER_CORPUS, vocab_size: int = VOCAB_SIZE
+) -> Qwen2Tokenizer:
+    """Byte-level BPE with Qwen2's normalizer, pre-tokenizer and special tokens, trained on `corpus`."""
+    backend = Tokenizer(models.BPE())
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(corpus, trainer=trainer)
+    tokenizer = Qwen2Tokenizer(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+_MODEL_CLASSES: dict[str, tuple[type[PreTrainedConfig], type[PreTrainedModel]]] = {
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
+    "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration),
+    "qwen3_vl": (Qwen3VLConfig, Qwen3VLForConditionalGeneration),
+}
+# Vision towers: 2 blocks, patch 14 (Qwen3-VL: 16), 2x2 patch merge; Qwen2.5-VL keeps one windowed block.
+_VISION_DIMS = {
+    "qwen2_5_vl": dict(hidden_size=64, intermediate_size=128, window_size=112, fullatt_block_indexes=[1]),
+    "qwen2_vl": dict(embed_dim=64, mlp_ratio=2),
+    "qwen3_vl": dict(
+        hidden_size=64, intermediate_size=128, num_position_embeddings=64, deepstack_visual_indexes=[0]
+    ),
+}
+
+
+def _check_arch(arch: str) -> None:
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"arch: unknown tiny architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}"
+        )
+
+
+def _mrope_section(head_dim: int) -> list[int]:
+    """Split head_dim / 2 rotary frequencies into (temporal, height, width) like Qwen's [16, 24, 24] for 128."""
+    half = head_dim // 2
+    spatial = (half - half // 4) // 2
+    return [half - 2 * spatial, spatial, spatial]
+
+
+def tiny_config(
+    arch: str, tokenizer: Qwen2Tokenizer, text_dims: dict | None = None, vision_dims: dict | None = None
+) -> PreTrainedConfig:
+    """The tiny configuration of `arch` ("qwen2" for the text-only model): real Qwen layouts, small sizes.
+    `text_dims` / `vision_dims` override the sizes (the scoring benchmark builds a scaled model this way)."""
+    ids = tokenizer.convert_tokens_to_ids
+    text = {
+        **_TEXT_DIMS,
+        **(text_dims or {}),
+        "vocab_size": 64 * -(-len(tokenizer) // 64),
+        "bos_token_id": ids("<|endoftext|>"),
+        "eos_token_id": ids("<|im_end|>"),
+        "pad_token_id": ids("<|endoftext|>"),
+    }
+    if arch == "qwen2":
+        return Qwen2Config(**text, tie_word_embeddings=True)
+    _check_arch(arch)
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 1e6,
+        "mrope_section": _mrope_section(head_dim),
+    }
+    if arch == "qwen3_vl":
+        text["head_dim"] = head_dim
+        text["rope_parameters"]["mrope_interleaved"] = True
+    out_key = "hidden_size" if arch == "qwen2_vl" else "out_hidden_size"  # the tower's output width
+    vision = {
+        "depth": 2,
+        "num_heads": 4,
+        **_VISION_DIMS[arch],
+        out_key: text["hidden_size"],
+        **(vision_dims or {}),
+    }
+    return _MODEL_CLASSES[arch][0](
+        text_config=text,
+        vision_config=vision,
+        tie_word_embeddings=True,
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )
+
+
+def _processor(arch: str, tokenizer: Qwen2Tokenizer):
+    pixels = dict(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    if arch == "qwen3_vl":  # 16-pixel patches, mean/std 0.5, like Qwen3-VL releases
+        half = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+        image_processor = Qwen2VLImageProcessor(
+            patch_size=16, min_pixels=4 * 32 * 32, max_pixels=MAX_PIXELS, **half
+        )
+        return Qwen3VLProcessor(
+            image_processor, tokenizer, Qwen3VLVideoProcessor(**half), chat_template=CHAT_TEMPLATE
+        )
+    processor_class = Qwen2_5_VLProcessor if arch == "qwen2_5_vl" else Qwen2VLProcessor
+    return processor_class(
+        Qwen2VLImageProcessor(**pixels),
+        tokenizer,
+        Qwen2VLVideoProcessor(**pixels),
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike,
+    text_only: bool = False,
+    seed: int = 0,
+    arch: str = "qwen2_5_vl",
+    *,
+    text_dims: dict | None = None,
+    vision_dims: dict | None = None,
+) -> Path:
+    """Write a tiny `arch` model (or a Qwen2 causal LM when `text_only`) and its processor to `out_dir`."""
+    _check_arch(arch)
+    arch = "qwen2" if text_only else arch
+    tokenizer = train_tokenizer()
+    config = tiny_config(arch, tokenizer, text_dims, vision_dims)
+    with torch.random.fork_rng(devices=[]):  # weights depend on `seed` only; the caller's RNG is untouched
+        torch.manual_seed(seed)
+        model = _MODEL_CLASSES[arch][1](config).eval()
+    text = config.get_text_config()
+    model.generation_config = GenerationConfig(
+        bos_token_id=text.bos_token_id,
+        eos_token_id=[text.eos_token_id, text.pad_token_id],
+        pad_token_id=text.pad_token_id,
+    )
+    out = Path(out_dir)
+    with atomic_directory(out) as tmp:
+        model.save_pretrained(tmp)
+        if text_only:
+            tokenizer.save_pretrained(tmp)
+        else:
+            _processor(arch, tokenizer).save_pretrained(tmp)
+    return out

@@ -1,0 +1,423 @@
+"""The SEED trainer: one update step reads top to bottom like DESIGN §1 stage 2.
+
+    1. actor      the frozen current policy plays G episodes per task            (rollout.collect_rollouts)
+    2. analyzer   the same frozen policy writes one hindsight skill per episode  (analyzer.Analyzer)
+    3. re-score   old / skill-augmented teacher / reference log-probs, batched   (Policy.score, skills.insert_skill)
+    4. update     GRPO + lambda * gated OPD on the student's log-probs           (losses.policy_loss)
+
+Baselines are the same loop with another preset: grpo (lambda = 0), opsd (gate = 1), sdar (skills from a
+static bank), seed. Runs under `accelerate launch`: each process plays whole groups of its share of the tasks,
+gradients are averaged by the prepared model, metrics are reduced, only the main process writes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from seed_vl import checkpoint as ckpt
+from seed_vl.analyzer import make_analyzer
+from seed_vl.config import Config, save_config
+from seed_vl.envs.group import EnvGroup
+from seed_vl.evaluation import evaluate, summarize
+from seed_vl.losses import group_advantages, opd_gate, policy_loss, resolve_preset, shaped_return
+from seed_vl.policy import Policy
+from seed_vl.processors.images import ImageSettings
+from seed_vl.rollout import SamplingSettings, collect_rollouts, save_trajectories
+from seed_vl.skills import insert_skill, load_skill_bank
+from seed_vl.tracking import MetricsLogger, Phase
+from seed_vl.trajectory import Trajectory, Turn
+
+
+class NonFiniteError(RuntimeError):
+    """Too many non-finite losses or gradients in a row: the run stops after checkpointing the last good state."""
+
+
+@dataclass
+class ActionSample:
+    """One turn's sampled response, the unit of scoring: the action tokens of one context."""
+
+    turn: Turn
+    context: list[dict[str, Any]]
+    response_ids: list[int]
+    advantage: float
+    skill: str | None
+
+
+def run_dir_for(config: Config) -> Path:
+    name = config.train.run_name or f"{config.algorithm.preset}-{config.env.name}-seed{config.train.seed}"
+    return Path(config.train.output_dir) / name
+
+
+class Trainer:
+    def __init__(self, config: Config, resume: str | None = None) -> None:
+        self.config = config
+        self.accelerator = Accelerator(cpu=config.model.device == "cpu")
+        self.is_main = self.accelerator.is_main_process
+        self.run_dir = run_dir_for(config)
+        set_seed(config.train.seed, device_specific=False)
+
+        self.resume_from = ckpt.resolve_resume(resume) if resume else None
+        model_path = str(self.resume_from / "model") if self.resume_from else config.model.path
+        self.policy = self._load_policy(model_path)
+        self.preset = resolve_preset(config.algorithm)
+        # The reference policy only exists when the KL term does (it costs a second model's memory).
+        # With a frozen vision tower both policies encode frames identically, so they share one cache.
+        self.reference = (
+            self._load_policy(config.model.path, shared_cache=config.model.freeze_vision_tower)
+            if config.algorithm.kl_coef > 0
+            else None
+        )
+        if self.reference is not None:
+            self.reference.model.requires_grad_(False)
+        self.skill_bank = load_skill_bank(config.algorithm.skill_bank) if self.preset.skill_source == "bank" else None
+        self.analyzer = (
+            make_analyzer(config.analyzer, config.env, policy=self.policy, seed=config.train.seed)
+            if self.preset.skill_source == "analyzer"
+            else None
+        )
+
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
+        warmup = max(1, config.train.warmup_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        model, self.optimizer, self.scheduler = self.accelerator.prepare(self.policy.model, optimizer, scheduler)
+        self.policy.set_forward_module(model)
+
+        self._timings: dict[str, float] = {}  # seconds per phase of the current step
+        self.state = ckpt.TrainerState(step=0, metrics=[], counters={"nonfinite_skipped": 0, "env_steps": 0})
+        if self.resume_from:
+            self.state = ckpt.load_trainer_state(self.resume_from)
+            ckpt.load_optimizer_state(self.resume_from, self.optimizer, self.scheduler)
+            ckpt.load_rng_state(self.resume_from)
+        self.logger = MetricsLogger(
+            self.run_dir,
+            config,
+            enabled=self.is_main,
+            use_wandb=config.logging.wandb,
+            project=config.logging.wandb_project,
+            run_name=self.run_dir.name,
+        )
+        if self.is_main:
+            save_config(config, self.run_dir / "config.yaml")
+            if self.resume_from:  # metrics after the checkpoint's step would be repeated: rewrite the file
+                self.logger.path.unlink(missing_ok=True)
+                for record in self.state.metrics:
+                    self.logger.log(record["step"], {k: v for k, v in record.items() if k != "step"})
+
+    def _load_policy(self, path: str, shared_cache: bool = False) -> Policy:
+        m = self.config.model
+        policy = Policy.from_pretrained(
+            path,
+            dtype=m.dtype,
+            device=str(self.accelerator.device),
+            attn_implementation=m.attn_implementation,
+            freeze_vision_tower=m.freeze_vision_tower,
+            vision_cache_max_entries=m.vision_cache_max_entries,
+            min_pixels=m.min_pixels,
+            max_pixels=m.max_pixels,
+            vision_cache=self.policy.cache if shared_cache else None,
+        )
+        if m.gradient_checkpointing:
+            policy.model.gradient_checkpointing_enable()
+        return policy
+
+    @property
+    def image_settings(self) -> ImageSettings | None:
+        if not self.policy.is_vision:
+            return None
+        return ImageSettings(min_pixels=self.config.model.min_pixels, max_pixels=self.config.model.max_pixels)
+
+    # ------------------------------------------------------------------------------------------------ loop
+    def train(self) -> list[dict[str, Any]]:
+        cfg = self.config
+        if self.state.step == 0 and cfg.eval.num_tasks:
+            self._log(0, self.evaluate(prefix="eval"))
+        consecutive_nonfinite = 0
+        step = self.state.step
+        while not self._finished(step):
+            step += 1
+            metrics, finite = self.train_step(step)
+            consecutive_nonfinite = 0 if finite else consecutive_nonfinite + 1
+            last = self._finished(step)
+            if (cfg.eval.every and step % cfg.eval.every == 0) or last:
+                metrics.update(self.evaluate(prefix="eval"))
+            self.state.step = step
+            self._log(step, metrics)
+            if consecutive_nonfinite >= cfg.train.max_nonfinite_in_a_row:
+                self.save_checkpoint(step)
+                raise NonFiniteError(
+                    f"{consecutive_nonfinite} non-finite updates in a row at step {step}; "
+                    f"the last good weights are in {self.run_dir / 'checkpoints'}"
+                )
+            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or last:
+                self.save_checkpoint(step)
+        self.logger.close()
+        return self.state.metrics
+
+    def _finished(self, step: int) -> bool:
+        """Stop after `train.steps` updates, or once `train.env_step_budget` environment steps are spent."""
+        budget = self.config.train.env_step_budget
+        return step >= self.config.train.steps or bool(budget and self.state.counters["env_steps"] >= budget)
+
+    def train_step(self, step: int) -> tuple[dict[str, float], bool]:
+        self._timings = {}
+        return self.learn(step, self.rollout(step))
+
+    def rollout(self, step: int) -> list[Trajectory]:
+        """1. Actor: the frozen current policy plays `group_size` episodes per task (same start in a group)."""
+        group = self._env_group(step, split="train")
+        with self._phase(step, "rollout", len(group), "episodes") as bar:
+            return collect_rollouts(
+                self.policy, group, self._sampling(self.config.rollout.temperature), self.image_settings,
+                seed=self.config.train.seed, step=step, on_episode_end=bar.update,
+            )
+
+    def learn(self, step: int, trajectories: list[Trajectory]) -> tuple[dict[str, float], bool]:
+        """Steps 2-4 on one batch of trajectories; returns the step's metrics and whether the update was finite."""
+        # 2. Analyzer: one hindsight skill per trajectory (SEED, OPSD) or a static skill (SDAR).
+        with self._phase(step, "analysis", len(trajectories), "trajectories") as bar:
+            self._attach_skills(trajectories, step)
+            bar.update(len(trajectories))
+
+        # 3. Paired re-scoring: l_old (ordinary context) and l_skill (skill inserted), l_ref when KL > 0.
+        samples = self._action_samples(trajectories)
+        with self._phase(step, "scoring", len(samples), "actions") as bar:
+            old_lp, teacher_lp, ref_lp = self._paired_scores(samples)
+            bar.update(len(samples))
+        self._record_gates(samples, old_lp, teacher_lp)
+        if self.is_main:
+            save_trajectories(
+                trajectories, self.run_dir / "trajectories" / f"step_{step:06d}", tokenizer=self.policy.tokenizer
+            )
+
+        # 4. Update: GRPO + lambda * gated OPD, token-mean over action tokens, gradients on the student only.
+        with self._phase(step, "update", None, "mini-batches") as bar:
+            loss_metrics, finite = self._update(samples, old_lp, teacher_lp, ref_lp, on_minibatch=bar.update)
+        cache_metrics = self._cache_metrics()
+        self.policy.on_weights_updated()  # cached image embeddings belong to the old weights
+
+        self.state.counters["env_steps"] += self._reduce_sum(sum(t.length for t in trajectories))
+        metrics = {
+            **self._rollout_metrics(trajectories, prefix="train"),
+            **loss_metrics,
+            **cache_metrics,
+            **self._timings,
+            "env_steps": self.state.counters["env_steps"],
+            "nonfinite_skipped": self.state.counters["nonfinite_skipped"],
+        }
+        return metrics, finite
+
+    # ------------------------------------------------------------------------------------------- phases
+    def _env_group(self, step: int, split: str, num_tasks: int | None = None, group_size: int | None = None):
+        """This process's share of the step's tasks; whole groups stay on one process."""
+        cfg = self.config
+        num_tasks = num_tasks or cfg.rollout.num_tasks
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        tasks = [t for t in range(num_tasks) if t % world == rank]
+        return EnvGroup(
+            cfg.env, num_tasks=num_tasks, group_size=group_size or cfg.rollout.group_size,
+            split=split, step=step, task_indices=tasks,
+        )
+
+    def _sampling(self, temperature: float) -> SamplingSettings:
+        r = self.config.rollout
+        return SamplingSettings(r.max_new_tokens, temperature, r.top_p, r.history_window)
+
+    def _attach_skills(self, trajectories: list[Trajectory], step: int) -> None:
+        if self.preset.skill_source == "analyzer":
+            self.analyzer.analyze(trajectories, step=step)
+        elif self.preset.skill_source == "bank":
+            for traj in trajectories:
+                traj.skill = self.skill_bank.skill_for(traj.env_name)
+                traj.analyzer_status = "ok" if traj.skill else "no_skill"
+
+    def _action_samples(self, trajectories: list[Trajectory]) -> list[ActionSample]:
+        a = self.config.algorithm
+        returns = [shaped_return(t.episode_return, t.invalid_actions, a.invalid_action_penalty) for t in trajectories]
+        advantages = group_advantages(
+            torch.tensor(returns), torch.tensor([t.group_id for t in trajectories]), eps=a.adv_eps
+        ).tolist()
+        return [
+            ActionSample(turn, turn.context, turn.response_ids, advantages[i], traj.skill)
+            for i, traj in enumerate(trajectories)
+            for turn in traj.turns
+            if turn.response_ids
+        ]
+
+    @torch.no_grad()
+    def _paired_scores(self, samples: list[ActionSample]):
+        """Ordinary and skill-augmented contexts share padded batches and the image-embedding cache."""
+        mb = self.config.train.micro_batch_size
+        responses = [s.response_ids for s in samples]
+        with_skill = [i for i, s in enumerate(samples) if s.skill and self.preset.opd_coef > 0]
+        contexts = [s.context for s in samples] + [insert_skill(samples[i].context, samples[i].skill) for i in with_skill]
+        scored = self.policy.score(
+            contexts, responses + [responses[i] for i in with_skill], micro_batch_size=mb, return_entropy=False
+        ).logprobs
+        old_lp = scored[: len(samples)]
+        teacher_lp: list[torch.Tensor | None] = [None] * len(samples)
+        for i, lp in zip(with_skill, scored[len(samples) :], strict=True):
+            teacher_lp[i] = lp
+        ref_lp = None
+        if self.reference is not None:
+            ref_lp = self.reference.score(
+                [s.context for s in samples], responses, micro_batch_size=mb, return_entropy=False
+            ).logprobs
+        return old_lp, teacher_lp, ref_lp
+
+    def _record_gates(self, samples: list[ActionSample], old_lp, teacher_lp) -> None:
+        """The OPD gate of every action token at the rollout weights (where the update starts), for reports."""
+        if not self.preset.opd_coef:
+            return
+        beta = self.config.algorithm.gate_beta
+        for sample, old, teacher in zip(samples, old_lp, teacher_lp, strict=True):
+            if teacher is not None:
+                gate = opd_gate(old, teacher, beta) if self.preset.use_gate else torch.ones_like(old)
+                sample.turn.gates = gate.tolist()
+
+    @contextmanager
+    def _phase(self, step: int, name: str, total: int | None, unit: str) -> Iterator[Phase]:
+        """A progress bar for one phase; its seconds land in the step's `time/<name>` metric."""
+        with Phase(f"step {step} {name}", total, unit, enabled=self.is_main and self.config.logging.progress) as bar:
+            yield bar
+        self._timings[f"time/{name}"] = bar.seconds
+
+    def _update(self, samples, old_lp, teacher_lp, ref_lp, on_minibatch) -> tuple[dict[str, float], bool]:
+        cfg, acc = self.config, self.accelerator
+        generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + self.state.step)
+        totals: dict[str, float] = {}
+        num_updates = 0
+        finite_all = True
+        for _ in range(cfg.train.ppo_epochs):
+            order = torch.randperm(len(samples), generator=generator).tolist()
+            for start in range(0, len(order), cfg.train.mini_batch_size):
+                batch = order[start : start + cfg.train.mini_batch_size]
+                num_tokens = float(sum(len(samples[i].response_ids) for i in batch))
+                num_skill_tokens = float(sum(len(samples[i].response_ids) for i in batch if teacher_lp[i] is not None))
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_sum, stats_sum = 0.0, {}
+                for indices, student_lp, entropy in self.policy.score_batches(
+                    [samples[i].context for i in batch],
+                    [samples[i].response_ids for i in batch],
+                    micro_batch_size=cfg.train.micro_batch_size,
+                    with_grad=True,
+                ):
+                    rows = [batch[j] for j in indices]
+                    logprobs, mask = pad_sequences(student_lp)
+                    has_skill = torch.tensor([teacher_lp[i] is not None for i in rows])
+                    loss, stats = policy_loss(
+                        logprobs,
+                        pad_sequences([old_lp[i] for i in rows])[0],
+                        torch.tensor([samples[i].advantage for i in rows]),
+                        mask,
+                        cfg.algorithm,
+                        teacher_logprobs=pad_sequences(
+                            [teacher_lp[i] if teacher_lp[i] is not None else old_lp[i] for i in rows]
+                        )[0],
+                        has_skill=has_skill,
+                        ref_logprobs=pad_sequences([ref_lp[i] for i in rows])[0] if ref_lp is not None else None,
+                        entropy=pad_sequences(entropy)[0] if entropy is not None else None,
+                        num_tokens=num_tokens,
+                        num_skill_tokens=num_skill_tokens,
+                    )
+                    acc.backward(loss)
+                    loss_sum += loss.item()
+                    for k, v in stats.items():
+                        stats_sum[k] = stats_sum.get(k, 0.0) + float(v)
+                grad_norm = acc.clip_grad_norm_(self.policy.model.parameters(), cfg.train.max_grad_norm)
+                finite = math.isfinite(loss_sum) and math.isfinite(float(grad_norm))
+                if finite:
+                    self.optimizer.step()
+                    self.scheduler.step()
+                else:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.state.counters["nonfinite_skipped"] += 1
+                    finite_all = False
+                num_updates += 1
+                on_minibatch()
+                for k, v in {"grad_norm": float(grad_norm), **stats_sum}.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        # Metrics are per optimizer step (micro-batches already sum to their mini-batch): average them.
+        return {k: v / max(num_updates, 1) for k, v in totals.items()}, finite_all
+
+    # ------------------------------------------------------------------------------------------ metrics
+    def evaluate(self, prefix: str = "eval") -> dict[str, float]:
+        cfg = self.config
+        group = self._env_group(self.state.step, split="eval", num_tasks=cfg.eval.num_tasks, group_size=1)
+        return evaluate(
+            self.policy, group, self._sampling(cfg.eval.temperature), self.image_settings,
+            seed=cfg.train.seed, prefix=prefix, reduce=self._reduce_mean_pairs,
+        )
+
+    def _rollout_metrics(self, trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
+        turns = [t for traj in trajectories for t in traj.turns]
+        with_skill = [t for t in trajectories if t.skill]
+        pairs = {
+            **summarize(trajectories, prefix),
+            "analyzer/success_rate": (len(with_skill), len(trajectories)),
+            "analyzer/skill_words": (sum(len(t.skill.split()) for t in with_skill), len(with_skill)),
+            "rollout/tokens_generated": (sum(len(t.response_ids) for t in turns), 1),
+        }
+        return self._reduce_mean_pairs(pairs)
+
+    def _cache_metrics(self) -> dict[str, float]:
+        stats = self.policy.cache.stats()
+        return {f"cache/{k}": float(self._reduce_sum(v)) for k, v in stats.items()}
+
+    def _reduce_sum(self, value: float) -> float:
+        if self.accelerator.num_processes == 1:
+            return value
+        t = torch.tensor([float(value)], device=self.accelerator.device)
+        return float(self.accelerator.reduce(t, reduction="sum").item())
+
+    def _reduce_mean_pairs(self, pairs: dict[str, tuple[float, float]]) -> dict[str, float]:
+        """Each metric as (sum, count) per process -> global sum / global count."""
+        keys = sorted(pairs)
+        t = torch.tensor([[float(pairs[k][0]), float(pairs[k][1])] for k in keys], device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            t = self.accelerator.reduce(t, reduction="sum")
+        return {k: (float(s) / float(n) if n else 0.0) for k, (s, n) in zip(keys, t.tolist(), strict=True)}
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **metrics}
+        self.state.metrics.append(record)
+        self.logger.log(step, metrics)
+
+    def save_checkpoint(self, step: int) -> None:
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            ckpt.save_checkpoint(
+                self.run_dir / "checkpoints",
+                step=step,
+                save_model=self.policy.save_pretrained,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                config=self.config,
+                state=self.state,
+                keep_last=self.config.checkpoint.keep_last,
+            )
+        self.accelerator.wait_for_everyone()
+
+
+def pad_sequences(values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad 1-D per-token tensors into `[B, T]` plus the action-token mask."""
+    length = max(len(v) for v in values)
+    padded = torch.zeros(len(values), length, dtype=values[0].dtype, device=values[0].device)
+    mask = torch.zeros(len(values), length, dtype=torch.bool, device=values[0].device)
+    for row, v in enumerate(values):
+        padded[row, : len(v)] = v
+        mask[row, : len(v)] = True
+    return padded, mask
+
+
+def train(config: Config, resume: str | None = None) -> list[dict[str, Any]]:
+    return Trainer(config, resume=resume).train()

@@ -1,0 +1,126 @@
+"""The tiny model builder: HF format, Qwen architectures, a tokenizer fitted to our text, same seed same bytes."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+from seed_vl.tiny_model import SPECIAL_TOKENS, build_tiny_model
+
+
+def _file_hashes(directory: str | Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(directory).iterdir())}
+
+
+def _image_message(*images: Image.Image) -> list[dict]:
+    content = [{"type": "image", "image": image} for image in images]
+    return [
+        {"role": "user", "content": [*content, {"type": "text", "text": "Push the box onto the target."}]}
+    ]
+
+
+def test_vl_model_loads_like_a_qwen_checkpoint(tiny_vl_path):
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vl_path)
+    processor = AutoProcessor.from_pretrained(tiny_vl_path)
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert type(processor).__name__ == "Qwen2_5_VLProcessor"
+    assert type(processor.image_processor).__name__ == "Qwen2VLImageProcessor"
+    assert 1_000_000 < model.num_parameters() < 10_000_000
+
+    frames = [Image.new("RGB", (96, 96), "green"), Image.new("RGB", (300, 300), "white")]
+    text = processor.apply_chat_template(_image_message(*frames), tokenize=False, add_generation_prompt=True)
+    assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 2
+    assert text.endswith("<|im_start|>assistant\n")
+    inputs = processor(text=[text], images=frames, return_tensors="pt")
+    # 96x96 -> 84x84 -> 6x6 patches -> 3x3 merged tokens; 300x300 -> 308x308 -> 11x11 merged tokens
+    assert inputs["image_grid_thw"].tolist() == [[1, 6, 6], [1, 22, 22]]
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 9 + 121
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert logits.shape == (1, inputs["input_ids"].shape[1], model.config.text_config.vocab_size)
+    assert torch.isfinite(logits).all()
+
+
+def test_text_model_loads_like_a_qwen_checkpoint(tiny_text_path, tiny_vl_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_text_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_text_path)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "go north"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\ngo north<|im_end|>\n<|im_start|>assistant\n"
+    )
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert model(ids).logits.shape[-1] == model.config.vocab_size
+    # One tokenizer for both variants.
+    assert _file_hashes(tiny_text_path)["tokenizer.json"] == _file_hashes(tiny_vl_path)["tokenizer.json"]
+
+
+def test_tokenizer_is_fitted_to_the_project_text(tiny_text_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_text_path)
+    assert 2000 <= len(tokenizer) <= 4096
+    for token in SPECIAL_TOKENS:
+        assert tokenizer.convert_ids_to_tokens(tokenizer.convert_tokens_to_ids(token)) == token
+        assert len(tokenizer(token)["input_ids"]) == 1
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    # Environment and analyzer words are single tokens; anything else still round-trips through bytes.
+    for word in [" Sokoban", " left", " box", " target", " formula", " Queen", " north", " skill", " avoid"]:
+        assert len(tokenizer(word)["input_ids"]) == 1, word
+    for text in [
+        "<think>push</think><action>left</action>",
+        "# _ O X P √ S",
+        "12 = 3 * 4",
+        "zebra ünïcode 😀",
+    ]:
+        assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+
+
+@pytest.mark.parametrize(
+    "arch, model_class, processor_class",
+    [
+        ("qwen2_vl", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor"),
+        ("qwen3_vl", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor"),
+    ],
+)
+def test_other_vl_architectures_load(tmp_path, arch, model_class, processor_class):
+    build_tiny_model(tmp_path / arch, arch=arch)
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / arch)
+    processor = AutoProcessor.from_pretrained(tmp_path / arch)
+    assert (type(model).__name__, type(processor).__name__) == (model_class, processor_class)
+    frame = Image.new("RGB", (112, 112), "blue")
+    text = processor.apply_chat_template(_image_message(frame), tokenize=False, add_generation_prompt=True)
+    inputs = processor(text=[text], images=[frame], return_tensors="pt")
+    with torch.no_grad():
+        assert torch.isfinite(model(**inputs).logits).all()
+
+
+def test_same_seed_same_bytes(tmp_path, tiny_vl_path):
+    again = build_tiny_model(tmp_path / "again", seed=0)
+    other_seed = build_tiny_model(tmp_path / "other", seed=1)
+    reference = _file_hashes(tiny_vl_path)
+    assert {"model.safetensors", "tokenizer.json", "config.json", "processor_config.json"} <= set(reference)
+    assert _file_hashes(again) == reference
+    other = _file_hashes(other_seed)
+    assert other["model.safetensors"] != reference["model.safetensors"]
+    assert other["tokenizer.json"] == reference["tokenizer.json"]
+
+
+def test_building_leaves_the_global_rng_alone(tmp_path):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_tiny_model(tmp_path / "m", text_only=True, seed=7)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_unknown_architecture_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="arch: unknown tiny architecture 'llava'"):
+        build_tiny_model(tmp_path / "m", arch="llava")
