@@ -52,7 +52,7 @@ def main() -> None:
             if trajectories is None:
                 trajectories = trainer.rollout(step=1)
                 rollout_seconds = trainer._timings["time/rollout"]
-            metrics, _ = trainer.learn(1, copy.deepcopy(trajectories))
+            metrics = trainer.learn(1, copy.deepcopy(trajectories))
             phases = {k: metrics.get(k, 0.0) for k in PHASES}
             phases["time/rollout"] = rollout_seconds
             phases["total"] = sum(phases.values())

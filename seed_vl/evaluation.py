@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 from seed_vl.envs.group import EnvGroup
 from seed_vl.policy import Policy
-from seed_vl.processors.images import ImageSettings
 from seed_vl.rollout import SamplingSettings, collect_rollouts
 from seed_vl.trajectory import Trajectory
 
@@ -33,28 +32,19 @@ def evaluate(
     policy: Policy,
     group: EnvGroup,
     sampling: SamplingSettings,
-    image_settings: ImageSettings | None,
     *,
     seed: int,
     prefix: str = "eval",
     reduce: Callable[[dict[str, tuple[float, float]]], dict[str, float]] = _local_mean,
 ) -> dict[str, float]:
-    trajectories = collect_rollouts(policy, group, sampling, image_settings, seed=seed, step=EVAL_STEP)
+    trajectories = collect_rollouts(policy, group, sampling, seed=seed, step=EVAL_STEP)
     return reduce(summarize(trajectories, prefix))
 
 
 def run_evaluation(config) -> dict[str, float]:
     """`seed-vl eval`: evaluate `config.model.path` on `config.eval.num_tasks` held-out tasks."""
-    policy = Policy.from_pretrained(
-        config.model.path,
-        dtype=config.model.dtype,
-        device=config.model.device,
-        attn_implementation=config.model.attn_implementation,
-        min_pixels=config.model.min_pixels,
-        max_pixels=config.model.max_pixels,
-    )
+    policy = Policy.from_config(config.model, seed=config.train.seed)
     group = EnvGroup(config.env, num_tasks=config.eval.num_tasks, group_size=1, split="eval")
     r = config.rollout
     sampling = SamplingSettings(r.max_new_tokens, config.eval.temperature, r.top_p, r.history_window)
-    images = ImageSettings(config.model.min_pixels, config.model.max_pixels) if policy.is_vision else None
-    return evaluate(policy, group, sampling, images, seed=config.train.seed)
+    return evaluate(policy, group, sampling, seed=config.train.seed)

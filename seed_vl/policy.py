@@ -36,6 +36,8 @@ from transformers import (
 )
 from transformers.utils import is_flash_attn_2_available
 
+from seed_vl.config import ConfigError, ModelConfig
+from seed_vl.processors.images import ImageSettings
 from seed_vl.vision_cache import ImageEncoding, ImageFeatures, VisionCache, image_key
 
 Context = list[dict[str, Any]]
@@ -130,13 +132,13 @@ class Policy:
         """Load a local HF checkpoint (vision-language when its config has a `vision_config`)."""
         path = Path(path)
         if not (path / "config.json").is_file():
-            raise ValueError(
+            raise ConfigError(
                 f"model.path: {path} is not a Hugging Face checkpoint directory (no config.json)"
             )
         if dtype not in _DTYPES:
-            raise ValueError(f"model.dtype: {dtype!r} is not one of {', '.join(_DTYPES)}")
+            raise ConfigError(f"model.dtype: {dtype!r} is not one of {', '.join(_DTYPES)}")
         if attn_implementation == "flash_attention_2" and not is_flash_attn_2_available():
-            raise ValueError(
+            raise ConfigError(
                 "model.attn_implementation: flash_attention_2 needs the flash-attn package and a GPU"
             )
         if device == "auto":
@@ -147,10 +149,13 @@ class Policy:
             path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, device_map=device
         )
         if is_vision:
-            pixels = {"min_pixels": min_pixels, "max_pixels": max_pixels}
-            processor = AutoProcessor.from_pretrained(
-                path, **{k: v for k, v in pixels.items() if v is not None}
-            )
+            processor = AutoProcessor.from_pretrained(path)
+            size = dict(processor.image_processor.size)
+            if min_pixels is not None:  # transformers' names for Qwen's min/max pixels
+                size["shortest_edge"] = min_pixels
+            if max_pixels is not None:
+                size["longest_edge"] = max_pixels
+            processor.image_processor.size = size
         else:
             processor = AutoTokenizer.from_pretrained(path)
         return cls(
@@ -161,6 +166,37 @@ class Policy:
             vision_cache=vision_cache,
             seed=seed,
         )
+
+    @classmethod
+    def from_config(
+        cls,
+        config: ModelConfig,
+        path: str | os.PathLike | None = None,
+        *,
+        vision_cache: VisionCache | None = None,
+        seed: int = 0,
+    ) -> Policy:
+        """`from_pretrained` with a recipe's `model` section (`path` overrides `config.path`)."""
+        return cls.from_pretrained(
+            config.path if path is None else path,
+            dtype=config.dtype,
+            device=config.device,
+            attn_implementation=config.attn_implementation,
+            freeze_vision_tower=config.freeze_vision_tower,
+            vision_cache_max_entries=config.vision_cache_max_entries,
+            min_pixels=config.min_pixels,
+            max_pixels=config.max_pixels,
+            vision_cache=vision_cache,
+            seed=seed,
+        )
+
+    @property
+    def image_settings(self) -> ImageSettings | None:
+        """The pixel budget frames are resized to before they reach the processor (None: text-only model)."""
+        if not self.is_vision:
+            return None
+        size = self._processor.image_processor.size
+        return ImageSettings(min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"])
 
     @property
     def model(self) -> PreTrainedModel:

@@ -18,7 +18,6 @@ from PIL import Image
 
 from seed_vl.envs.group import EnvGroup
 from seed_vl.policy import Policy
-from seed_vl.processors.images import ImageSettings
 from seed_vl.processors.messages import HistoryTurn, build_messages
 from seed_vl.processors.parsing import parse_action
 from seed_vl.trajectory import Trajectory, Turn
@@ -44,7 +43,6 @@ def collect_rollouts(
     policy: Policy,
     group: EnvGroup,
     sampling: SamplingSettings,
-    image_settings: ImageSettings | None,
     *,
     seed: int,
     step: int,
@@ -64,7 +62,9 @@ def collect_rollouts(
     turn_index = 0
     while live:
         contexts = [
-            build_messages(env_name, observations[i], infos[i], histories[i], sampling.history_window, image_settings)
+            build_messages(
+                env_name, observations[i], infos[i], histories[i], sampling.history_window, policy.image_settings
+            )
             for i in live
         ]
         generations = policy.generate(

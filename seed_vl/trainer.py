@@ -13,6 +13,7 @@ gradients are averaged by the prepared model, metrics are reduced, only the main
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import gather_object, set_seed
 
 from seed_vl import checkpoint as ckpt
 from seed_vl.analyzer import make_analyzer
@@ -30,7 +31,6 @@ from seed_vl.envs.group import EnvGroup
 from seed_vl.evaluation import evaluate, summarize
 from seed_vl.losses import group_advantages, opd_gate, policy_loss, resolve_preset, shaped_return
 from seed_vl.policy import Policy
-from seed_vl.processors.images import ImageSettings
 from seed_vl.rollout import SamplingSettings, collect_rollouts, save_trajectories
 from seed_vl.skills import insert_skill, load_skill_bank
 from seed_vl.tracking import MetricsLogger, Phase
@@ -60,6 +60,7 @@ def run_dir_for(config: Config) -> Path:
 class Trainer:
     def __init__(self, config: Config, resume: str | None = None) -> None:
         self.config = config
+        self.preset = resolve_preset(config.algorithm)  # validates the preset before anything is loaded
         self.accelerator = Accelerator(cpu=config.model.device == "cpu")
         self.is_main = self.accelerator.is_main_process
         self.run_dir = run_dir_for(config)
@@ -68,7 +69,6 @@ class Trainer:
         self.resume_from = ckpt.resolve_resume(resume) if resume else None
         model_path = str(self.resume_from / "model") if self.resume_from else config.model.path
         self.policy = self._load_policy(model_path)
-        self.preset = resolve_preset(config.algorithm)
         # The reference policy only exists when the KL term does (it costs a second model's memory).
         # With a frozen vision tower both policies encode frames identically, so they share one cache.
         self.reference = (
@@ -93,7 +93,8 @@ class Trainer:
         self.policy.set_forward_module(model)
 
         self._timings: dict[str, float] = {}  # seconds per phase of the current step
-        self.state = ckpt.TrainerState(step=0, metrics=[], counters={"nonfinite_skipped": 0, "env_steps": 0})
+        counters = {"nonfinite_skipped": 0, "nonfinite_in_a_row": 0, "env_steps": 0}
+        self.state = ckpt.TrainerState(step=0, metrics=[], counters=counters)
         if self.resume_from:
             self.state = ckpt.load_trainer_state(self.resume_from)
             ckpt.load_optimizer_state(self.resume_from, self.optimizer, self.scheduler)
@@ -114,48 +115,33 @@ class Trainer:
                     self.logger.log(record["step"], {k: v for k, v in record.items() if k != "step"})
 
     def _load_policy(self, path: str, shared_cache: bool = False) -> Policy:
-        m = self.config.model
-        policy = Policy.from_pretrained(
-            path,
-            dtype=m.dtype,
-            device=str(self.accelerator.device),
-            attn_implementation=m.attn_implementation,
-            freeze_vision_tower=m.freeze_vision_tower,
-            vision_cache_max_entries=m.vision_cache_max_entries,
-            min_pixels=m.min_pixels,
-            max_pixels=m.max_pixels,
-            vision_cache=self.policy.cache if shared_cache else None,
+        model_config = self.config.model.model_copy(update={"device": str(self.accelerator.device)})
+        policy = Policy.from_config(
+            model_config, path, vision_cache=self.policy.cache if shared_cache else None, seed=self.config.train.seed
         )
-        if m.gradient_checkpointing:
+        if model_config.gradient_checkpointing:
             policy.model.gradient_checkpointing_enable()
         return policy
-
-    @property
-    def image_settings(self) -> ImageSettings | None:
-        if not self.policy.is_vision:
-            return None
-        return ImageSettings(min_pixels=self.config.model.min_pixels, max_pixels=self.config.model.max_pixels)
 
     # ------------------------------------------------------------------------------------------------ loop
     def train(self) -> list[dict[str, Any]]:
         cfg = self.config
         if self.state.step == 0 and cfg.eval.num_tasks:
             self._log(0, self.evaluate(prefix="eval"))
-        consecutive_nonfinite = 0
         step = self.state.step
         while not self._finished(step):
             step += 1
-            metrics, finite = self.train_step(step)
-            consecutive_nonfinite = 0 if finite else consecutive_nonfinite + 1
+            metrics = self.train_step(step)
             last = self._finished(step)
             if (cfg.eval.every and step % cfg.eval.every == 0) or last:
                 metrics.update(self.evaluate(prefix="eval"))
             self.state.step = step
             self._log(step, metrics)
-            if consecutive_nonfinite >= cfg.train.max_nonfinite_in_a_row:
+            in_a_row = self.state.counters["nonfinite_in_a_row"]
+            if in_a_row >= cfg.train.max_nonfinite_in_a_row:
                 self.save_checkpoint(step)
                 raise NonFiniteError(
-                    f"{consecutive_nonfinite} non-finite updates in a row at step {step}; "
+                    f"{in_a_row} non-finite updates in a row at step {step}; "
                     f"the last good weights are in {self.run_dir / 'checkpoints'}"
                 )
             if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or last:
@@ -168,7 +154,7 @@ class Trainer:
         budget = self.config.train.env_step_budget
         return step >= self.config.train.steps or bool(budget and self.state.counters["env_steps"] >= budget)
 
-    def train_step(self, step: int) -> tuple[dict[str, float], bool]:
+    def train_step(self, step: int) -> dict[str, float]:
         self._timings = {}
         return self.learn(step, self.rollout(step))
 
@@ -177,12 +163,12 @@ class Trainer:
         group = self._env_group(step, split="train")
         with self._phase(step, "rollout", len(group), "episodes") as bar:
             return collect_rollouts(
-                self.policy, group, self._sampling(self.config.rollout.temperature), self.image_settings,
+                self.policy, group, self._sampling(self.config.rollout.temperature),
                 seed=self.config.train.seed, step=step, on_episode_end=bar.update,
             )
 
-    def learn(self, step: int, trajectories: list[Trajectory]) -> tuple[dict[str, float], bool]:
-        """Steps 2-4 on one batch of trajectories; returns the step's metrics and whether the update was finite."""
+    def learn(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Steps 2-4 on one batch of trajectories; returns the step's metrics."""
         # 2. Analyzer: one hindsight skill per trajectory (SEED, OPSD) or a static skill (SDAR).
         with self._phase(step, "analysis", len(trajectories), "trajectories") as bar:
             self._attach_skills(trajectories, step)
@@ -201,7 +187,7 @@ class Trainer:
 
         # 4. Update: GRPO + lambda * gated OPD, token-mean over action tokens, gradients on the student only.
         with self._phase(step, "update", None, "mini-batches") as bar:
-            loss_metrics, finite = self._update(samples, old_lp, teacher_lp, ref_lp, on_minibatch=bar.update)
+            loss_metrics = self._update(samples, old_lp, teacher_lp, ref_lp, on_minibatch=bar.update)
         cache_metrics = self._cache_metrics()
         self.policy.on_weights_updated()  # cached image embeddings belong to the old weights
 
@@ -214,7 +200,7 @@ class Trainer:
             "env_steps": self.state.counters["env_steps"],
             "nonfinite_skipped": self.state.counters["nonfinite_skipped"],
         }
-        return metrics, finite
+        return metrics
 
     # ------------------------------------------------------------------------------------------- phases
     def _env_group(self, step: int, split: str, num_tasks: int | None = None, group_size: int | None = None):
@@ -291,12 +277,11 @@ class Trainer:
             yield bar
         self._timings[f"time/{name}"] = bar.seconds
 
-    def _update(self, samples, old_lp, teacher_lp, ref_lp, on_minibatch) -> tuple[dict[str, float], bool]:
+    def _update(self, samples, old_lp, teacher_lp, ref_lp, on_minibatch) -> dict[str, float]:
         cfg, acc = self.config, self.accelerator
         generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + self.state.step)
         totals: dict[str, float] = {}
         num_updates = 0
-        finite_all = True
         for _ in range(cfg.train.ppo_epochs):
             order = torch.randperm(len(samples), generator=generator).tolist()
             for start in range(0, len(order), cfg.train.mini_batch_size):
@@ -335,26 +320,31 @@ class Trainer:
                         stats_sum[k] = stats_sum.get(k, 0.0) + float(v)
                 grad_norm = acc.clip_grad_norm_(self.policy.model.parameters(), cfg.train.max_grad_norm)
                 finite = math.isfinite(loss_sum) and math.isfinite(float(grad_norm))
+                counters = self.state.counters
                 if finite:
                     self.optimizer.step()
                     self.scheduler.step()
-                else:
+                    counters["nonfinite_in_a_row"] = 0
+                else:  # skip the update: the weights stay the last good ones
                     self.optimizer.zero_grad(set_to_none=True)
-                    self.state.counters["nonfinite_skipped"] += 1
-                    finite_all = False
+                    if self.is_main:
+                        print(f"[seed-vl] step {self.state.step + 1}: non-finite loss or gradient "
+                              f"(loss {loss_sum}, grad norm {float(grad_norm)}), update skipped", file=sys.stderr)
+                    counters["nonfinite_skipped"] += 1
+                    counters["nonfinite_in_a_row"] += 1
                 num_updates += 1
                 on_minibatch()
                 for k, v in {"grad_norm": float(grad_norm), **stats_sum}.items():
                     totals[k] = totals.get(k, 0.0) + v
         # Metrics are per optimizer step (micro-batches already sum to their mini-batch): average them.
-        return {k: v / max(num_updates, 1) for k, v in totals.items()}, finite_all
+        return self._reduce_mean_pairs({k: (v, num_updates) for k, v in totals.items()})
 
     # ------------------------------------------------------------------------------------------ metrics
     def evaluate(self, prefix: str = "eval") -> dict[str, float]:
         cfg = self.config
         group = self._env_group(self.state.step, split="eval", num_tasks=cfg.eval.num_tasks, group_size=1)
         return evaluate(
-            self.policy, group, self._sampling(cfg.eval.temperature), self.image_settings,
+            self.policy, group, self._sampling(cfg.eval.temperature),
             seed=cfg.train.seed, prefix=prefix, reduce=self._reduce_mean_pairs,
         )
 
@@ -382,9 +372,11 @@ class Trainer:
     def _reduce_mean_pairs(self, pairs: dict[str, tuple[float, float]]) -> dict[str, float]:
         """Each metric as (sum, count) per process -> global sum / global count."""
         keys = sorted(pairs)
-        t = torch.tensor([[float(pairs[k][0]), float(pairs[k][1])] for k in keys], device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:  # a process may lack a metric (e.g. it had nothing to update)
+            keys = sorted(set().union(*gather_object([keys])))
+        t = torch.tensor([[float(s), float(n)] for s, n in (pairs.get(k, (0.0, 0.0)) for k in keys)])
         if self.accelerator.num_processes > 1:
-            t = self.accelerator.reduce(t, reduction="sum")
+            t = self.accelerator.reduce(t.to(self.accelerator.device), reduction="sum").cpu()
         return {k: (float(s) / float(n) if n else 0.0) for k, (s, n) in zip(keys, t.tolist(), strict=True)}
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:

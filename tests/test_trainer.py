@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from seed_vl.checkpoint import list_checkpoints
 from seed_vl.config import load_config
-from seed_vl.trainer import NonFiniteError, train
+from seed_vl.trainer import NonFiniteError, Trainer, train
 
 REPO = Path(__file__).resolve().parents[1]
 SKILL_BANK = str(REPO / "configs" / "skill_bank.yaml")
@@ -129,27 +130,25 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_vl_path):
 
 
 def test_nonfinite_updates_stop_the_run_with_a_checkpoint(tmp_path, tiny_text_path):
-    cfg = load_config(
-        None,
-        _overrides(
-            tiny_text_path,
-            tmp_path,
-            "ezpoints_text",
-            **{
-                "train.steps": 6,
-                "train.lr": 1e30,
-                "train.max_grad_norm": 1e38,
-                "train.max_nonfinite_in_a_row": 2,
-                "algorithm.preset": "grpo",
-                "eval.num_tasks": 1,
-            },
-        ),
-    )
-    with pytest.raises(NonFiniteError, match="non-finite updates in a row"):
-        train(cfg)
+    cfg = load_config(None, _overrides(tiny_text_path, tmp_path, "ezpoints_text", **{
+        "train.steps": 6, "train.max_nonfinite_in_a_row": 2, "algorithm.preset": "grpo", "eval.num_tasks": 1,
+        "train.mini_batch_size": 64,  # one update per step
+    }))
+    trainer = Trainer(cfg)
+    # A gradient that overflows (as an fp16 overflow would): every update must be skipped, none applied.
+    embedding = trainer.policy.model.get_input_embeddings().weight
+    embedding.register_hook(lambda grad: grad * float("inf"))
+    before = {name: p.detach().clone() for name, p in trainer.policy.model.named_parameters()}
+
+    with pytest.raises(NonFiniteError, match="2 non-finite updates in a row at step 2"):
+        trainer.train()
     records = _metrics(tmp_path / "run")
-    assert records[-1]["nonfinite_skipped"] >= 2
-    assert list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[-1]["nonfinite_skipped"] == 2
+    (checkpoint,) = list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert checkpoint.name == "step_000002"
+    for name, param in trainer.policy.model.named_parameters():  # the last good state is the initial one
+        assert torch.equal(param, before[name]), name
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -175,3 +174,20 @@ def test_bad_cli_input_is_one_line_exit_2(args, named):
     assert proc.returncode == 2, proc.stderr
     assert named in proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_two_process_cpu_ddp_run(tmp_path, tiny_vl_path):
+    launch = [sys.executable, "-m", "accelerate.commands.launch",
+              "--config_file", str(REPO / "configs/accelerate/cpu_ddp.yaml"), "-m", "seed_vl.cli", "train"]
+    overrides = _overrides(tiny_vl_path, tmp_path, "sokoban_visual", **{"analyzer.backend": "scripted"})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*launch, *overrides], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    records = _metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    # Each process plays one of the two tasks (whole groups); metrics are reduced over both.
+    assert records[1]["env_steps"] == 2 * 2 * 3
+    lines = (tmp_path / "run/trajectories/step_000001/trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and len({json.loads(line)["group_id"] for line in lines}) == 1
+    assert len(list_checkpoints(tmp_path / "run" / "checkpoints")) == 1

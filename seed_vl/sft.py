@@ -1,0 +1,189 @@
+"""Supervised fine-tuning with the loss on the response tokens only (DESIGN §1 stage 1 step 3).
+
+The loss is the token-mean NLL of each mini-batch's response tokens, taken from `Policy.score_batches`: the
+same templated prompt + response layout the RL later scores, so SFT trains exactly those tokens and the
+prompt tokens carry no loss. `train_sft` takes in-memory examples; building them (analyzer datasets, solver
+demonstrations) is the caller's business.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from seed_vl.config import ConfigError
+from seed_vl.policy import Policy
+from seed_vl.tracking import progress
+
+Context = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """A context and the response to learn. `end_of_turn` appends the tokenizer's EOS token: an analyzer
+    answer must end there (the self-analyzer stops on EOS), an action ends at its `</action>` stop string."""
+
+    context: Context
+    response: str
+    end_of_turn: bool = False
+
+
+@dataclass(frozen=True)
+class EncodedExample:
+    context: Context
+    response_ids: list[int]
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    epochs: int = 3
+    lr: float = 2e-6
+    batch_size: int = 8  # examples per optimizer step
+    micro_batch_size: int = 8  # sequences per forward pass
+    max_length: int = 4096  # prompt + response tokens; longer examples are skipped
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    seed: int = 0  # shuffling
+
+
+@dataclass(frozen=True)
+class SFTResult:
+    steps: int
+    examples: int  # examples trained on
+    skipped_too_long: int
+
+
+def encode_examples(
+    policy: Policy, examples: Sequence[SFTExample], max_length: int
+) -> tuple[list[EncodedExample], int]:
+    """Tokenized responses, without the examples whose prompt + response exceed `max_length` tokens
+    (returned as a count: a long trajectory costs its example, not the run)."""
+    tokenizer = policy.tokenizer
+    encoded, too_long = [], 0
+    for example in examples:
+        ids = tokenizer.encode(example.response, add_special_tokens=False)
+        if example.end_of_turn:
+            ids.append(tokenizer.eos_token_id)
+        if prompt_length(policy, example.context) + len(ids) > max_length:
+            too_long += 1
+        else:
+            encoded.append(EncodedExample(example.context, ids))
+    return encoded, too_long
+
+
+def prompt_length(policy: Policy, context: Context) -> int:
+    """Tokens of the templated context with its generation prompt (image placeholders expanded)."""
+    batch = policy.processor.apply_chat_template(
+        context, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
+    return batch["input_ids"].shape[-1]
+
+
+@torch.no_grad()
+def response_nll(
+    policy: Policy, examples: Sequence[EncodedExample], micro_batch_size: int = 8
+) -> tuple[float, int]:
+    """(summed NLL, number of response tokens) over `examples`: the quantity SFT minimises, per token."""
+    total, tokens = 0.0, 0
+    for _, logprobs, _ in policy.score_batches(
+        [e.context for e in examples],
+        [e.response_ids for e in examples],
+        micro_batch_size,
+        return_entropy=False,
+    ):
+        total -= sum(float(lp.sum()) for lp in logprobs)
+        tokens += sum(len(lp) for lp in logprobs)
+    return total, tokens
+
+
+def train_sft(
+    policy: Policy,
+    examples: Sequence[SFTExample],
+    settings: SFTSettings,
+    *,
+    log: Callable[[int, dict[str, float]], None] | None = None,
+    checkpoint: Callable[[int, torch.optim.Optimizer], None] | None = None,
+    checkpoint_every: int = 0,
+    show_progress: bool = True,
+) -> SFTResult:
+    """`settings.epochs` passes of AdamW over the examples, reshuffled every epoch by a seeded generator.
+
+    `log(step, metrics)` sees every optimizer step; `checkpoint(step, optimizer)` runs every
+    `checkpoint_every` steps (0: never) and after the last step. A step whose loss or gradient is not
+    finite is skipped (and counted) instead of corrupting the weights.
+    """
+    encoded, too_long = encode_examples(policy, examples, settings.max_length)
+    if not encoded:
+        raise ConfigError(
+            f"sft.max_length: all {len(examples)} examples are longer than {settings.max_length} tokens"
+            if examples
+            else "sft: no training examples"
+        )
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    total_steps = settings.epochs * math.ceil(len(encoded) / settings.batch_size)
+    skipped_nonfinite = 0
+    batches = _shuffled_batches(len(encoded), settings)
+    for step, (epoch, batch) in enumerate(
+        progress(batches, "sft", total=total_steps, unit="step", enabled=show_progress), 1
+    ):
+        loss, tokens, grad_norm = _optimizer_step(
+            policy, optimizer, params, [encoded[i] for i in batch], settings
+        )
+        skipped_nonfinite += not (math.isfinite(loss) and math.isfinite(grad_norm))
+        metrics = {
+            "sft/loss": loss,
+            "sft/tokens": float(tokens),
+            "sft/grad_norm": grad_norm,
+            "sft/epoch": float(epoch + 1),
+            "sft/nonfinite_skipped": float(skipped_nonfinite),
+        }
+        if log is not None:
+            log(step, metrics)
+        if checkpoint is not None and (
+            step == total_steps or (checkpoint_every and step % checkpoint_every == 0)
+        ):
+            checkpoint(step, optimizer)
+    return SFTResult(steps=total_steps, examples=len(encoded), skipped_too_long=too_long)
+
+
+def _shuffled_batches(num_examples: int, settings: SFTSettings) -> Iterator[tuple[int, list[int]]]:
+    generator = torch.Generator().manual_seed(settings.seed)
+    for epoch in range(settings.epochs):
+        order = torch.randperm(num_examples, generator=generator).tolist()
+        for start in range(0, num_examples, settings.batch_size):
+            yield epoch, order[start : start + settings.batch_size]
+
+
+def _optimizer_step(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    batch: list[EncodedExample],
+    settings: SFTSettings,
+) -> tuple[float, int, float]:
+    """One mini-batch: micro-batch backward passes of the batch's token-mean NLL, clip, step.
+    Returns (loss, response tokens, gradient norm before clipping)."""
+    num_tokens = sum(len(e.response_ids) for e in batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for _, logprobs, _ in policy.score_batches(
+        [e.context for e in batch],
+        [e.response_ids for e in batch],
+        settings.micro_batch_size,
+        with_grad=True,
+        return_entropy=False,
+    ):
+        loss = -torch.cat(logprobs).sum() / num_tokens
+        loss.backward()
+        loss_sum += loss.item()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm))
+    if math.isfinite(loss_sum) and math.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    policy.on_weights_updated()  # cached image features belong to the old weights
+    return loss_sum, num_tokens, grad_norm

@@ -1,0 +1,332 @@
+"""Stage 1 (DESIGN §1): teach the policy to analyze.
+
+`collect` rolls out the policy (no skill) on training tasks, labels every trajectory with the configured
+analyzer and writes a dataset directory:
+
+    trajectories.jsonl   one trajectory per line (`save_trajectories`), frames in frames/<frame_id>.png
+    sft.jsonl            one line per trajectory that got a valid skill: the analyzer prompt (`messages`,
+                         image items as frame ids into frames/) and the answer JSON (`target`)
+    dataset.json         counts: trajectories, labelled, no skill, analyzer errors, success rate
+    config.yaml          the resolved config, secrets redacted
+
+`sft` fine-tunes on the analyzer pairs of `sft.data` (loss on the answer tokens) plus `sft.demonstrations`
+solver demonstrations (loss on the action tokens), writing metrics, checkpoints and the final model in
+`sft.out_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyzer
+from seed_vl.checkpoint import TrainerState, save_checkpoint
+from seed_vl.config import Config, ConfigError, EnvConfig, ModelConfig, save_config
+from seed_vl.demonstrations import play_demonstrations
+from seed_vl.envs.group import EnvGroup
+from seed_vl.io import atomic_directory, atomic_write_text
+from seed_vl.policy import Policy
+from seed_vl.processors.images import ImageSettings
+from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed, frame_id, save_trajectories
+from seed_vl.sft import SFTExample, SFTResult, SFTSettings, train_sft
+from seed_vl.skills import insert_skill
+from seed_vl.tracking import MetricsLogger, Phase
+from seed_vl.trajectory import Trajectory
+
+# Seed streams of stage 1's own draws: never equal to a stage 2 rollout seed of the same run.
+_COLLECT_STREAM, _DEMO_STREAM = 0x5F1C, 0xDE30
+SFT_FILE, TRAJECTORIES_FILE, FRAMES_DIR = "sft.jsonl", "trajectories.jsonl", "frames"
+
+
+# ------------------------------------------------------------------------------------------------ collect
+def collect(config: Config) -> Path:
+    """Roll out `collect.num_tasks x collect.group_size` training episodes, `rollout.num_tasks` tasks at a
+    time (the batch size stage 2 is sized for), label them and write the dataset to `collect.out_dir`
+    (replaced as a whole once complete: an interrupted collect leaves no partial dataset behind)."""
+    c = config.collect
+    policy = load_policy(config.model, seed=config.train.seed)
+    analyzer = make_analyzer(config.analyzer, config.env, policy=policy, seed=config.train.seed)
+    r = config.rollout
+    sampling = SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.history_window)
+    rollout_seed = derive_seed(_COLLECT_STREAM, config.train.seed)
+    chunks = [list(range(t, min(t + r.num_tasks, c.num_tasks))) for t in range(0, c.num_tasks, r.num_tasks)]
+    counts: Counter[str] = Counter()
+    episodes = Phase(
+        "collect", total=c.num_tasks * c.group_size, unit="episode", enabled=config.logging.progress
+    )
+    with atomic_directory(c.out_dir) as out, episodes:
+        for chunk, tasks in enumerate(chunks):
+            group = EnvGroup(config.env, num_tasks=c.num_tasks, group_size=c.group_size, task_indices=tasks)
+            trajectories = collect_rollouts(
+                policy, group, sampling, seed=rollout_seed, step=chunk, on_episode_end=episodes.update
+            )
+            analyzer.analyze(trajectories, step=chunk)
+            first_index = counts["trajectories"]
+            _append_trajectories(out, trajectories)
+            _append_sft_records(
+                out, trajectories, first_index, policy.is_vision, config.analyzer.max_steps_shown
+            )
+            counts.update(
+                trajectories=len(trajectories),
+                won=sum(t.won for t in trajectories),
+                **Counter(t.analyzer_status for t in trajectories),
+            )
+        summary = {
+            "env": config.env.name,
+            "analyzer": config.analyzer.backend,
+            "trajectories": counts["trajectories"],
+            "labelled": counts["ok"],
+            "no_skill": counts["no_skill"],
+            "analyzer_errors": counts["error"],
+            "success_rate": counts["won"] / max(1, counts["trajectories"]),
+        }
+        atomic_write_text(out / "dataset.json", json.dumps(summary, indent=1) + "\n")
+        save_config(config, out / "config.yaml")
+    return Path(c.out_dir)
+
+
+def _append_trajectories(out: Path, trajectories: list[Trajectory]) -> None:
+    """Add a chunk to trajectories.jsonl (and its frames), so only one chunk is ever held in memory."""
+    part = save_trajectories(trajectories, out, name=".chunk")
+    with (out / TRAJECTORIES_FILE).open("a", encoding="utf-8") as f:
+        f.write(part.read_text(encoding="utf-8"))
+    part.unlink()
+
+
+def _append_sft_records(
+    out: Path, trajectories: list[Trajectory], first_index: int, with_images: bool, max_steps: int
+) -> None:
+    """One (analyzer prompt, answer JSON) pair per labelled trajectory. The prompt's images are the turns'
+    observation frames (`Turn.images`), which `save_trajectories` has just stored under their frame ids."""
+    with (out / SFT_FILE).open("a", encoding="utf-8") as f:
+        for index, traj in enumerate(trajectories, first_index):
+            if traj.skill is None:
+                continue
+            prompt = build_analyzer_prompt(traj, with_images=with_images, max_steps=max_steps)
+            record = {
+                "trajectory": index,
+                "won": traj.won,
+                "messages": _map_images(prompt, frame_id),
+                "target": format_analysis(traj.summary, traj.skill),
+            }
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _map_images(messages: list[dict[str, Any]], fn: Callable[[Any], Any]) -> list[dict[str, Any]]:
+    """The messages with every image item's `image` replaced by `fn(image)`."""
+    out = []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [
+                {**item, "image": fn(item["image"])} if item.get("type") == "image" else item
+                for item in content
+            ]
+        out.append({**message, "content": content})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- sft
+def sft(config: Config) -> Path:
+    """Fine-tune `model.path` on the analyzer datasets of `sft.data` plus `sft.demonstrations` solver
+    demonstrations; returns the final model's directory, `sft.out_dir/model`. A rerun replaces the
+    previous run's metrics, checkpoints and model in `sft.out_dir`."""
+    s = config.sft
+    if not s.data and not s.demonstrations:
+        raise ConfigError(
+            "sft.data: nothing to train on (give dataset directories or sft.demonstrations > 0)"
+        )
+    datasets = {directory: load_analysis_examples(directory) for directory in s.data}  # before the model
+    policy = load_policy(config.model, seed=config.train.seed)
+    for directory, pairs in datasets.items():
+        if not policy.is_vision and any(_has_images(e.context) for e in pairs):
+            raise ConfigError(
+                f"sft.data: {directory} holds image prompts but {config.model.path} is a text-only model"
+            )
+    analysis = [example for pairs in datasets.values() for example in pairs]
+    demonstrations = demonstration_examples(
+        config.env,
+        s.demonstrations,
+        seed=config.env.train_seed_start,
+        history_window=config.rollout.history_window,
+        image_settings=policy.image_settings,
+        skill_fraction=s.demo_skill_fraction,
+        rng=random.Random(derive_seed(_DEMO_STREAM, config.train.seed)),
+    )
+
+    out_dir = Path(s.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+    shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    save_config(config, out_dir / "config.yaml")
+    logger = MetricsLogger(
+        out_dir, config, use_wandb=config.logging.wandb, project=config.logging.wandb_project, run_name="sft"
+    )
+    metrics: list[dict[str, Any]] = []
+
+    def log(step: int, values: dict[str, float]) -> None:
+        metrics.append({"step": step, **values})
+        logger.log(step, values)
+
+    def checkpoint(step: int, optimizer: torch.optim.Optimizer) -> None:
+        save_checkpoint(
+            out_dir / "checkpoints",
+            step=step,
+            save_model=policy.save_pretrained,
+            optimizer=optimizer,
+            scheduler=None,
+            config=config,
+            state=TrainerState(step=step, metrics=metrics, counters={}),
+            keep_last=config.checkpoint.keep_last,
+        )
+
+    settings = SFTSettings(
+        epochs=s.epochs,
+        lr=s.lr,
+        batch_size=s.batch_size,
+        micro_batch_size=config.train.micro_batch_size,
+        max_length=s.max_length,
+        max_grad_norm=config.train.max_grad_norm,
+        weight_decay=config.train.weight_decay,
+        seed=config.train.seed,
+    )
+    result = train_sft(
+        policy,
+        analysis + demonstrations,
+        settings,
+        log=log,
+        checkpoint=checkpoint,
+        checkpoint_every=config.checkpoint.every,
+        show_progress=config.logging.progress,
+    )
+    logger.close()
+    _write_summary(out_dir, result, analysis=len(analysis), demonstrations=len(demonstrations))
+    with atomic_directory(out_dir / "model") as tmp:
+        policy.save_pretrained(tmp)
+    return out_dir / "model"
+
+
+def _write_summary(out_dir: Path, result: SFTResult, *, analysis: int, demonstrations: int) -> None:
+    summary = {
+        "analyzer_examples": analysis,
+        "demonstration_examples": demonstrations,
+        "trained_on": result.examples,
+        "skipped_too_long": result.skipped_too_long,
+        "steps": result.steps,
+    }
+    atomic_write_text(out_dir / "sft.json", json.dumps(summary, indent=1) + "\n")
+
+
+def load_analysis_examples(directory: str | Path) -> list[SFTExample]:
+    """The (analyzer prompt -> answer JSON) pairs of a `collect` dataset, images loaded from its frames."""
+    directory = Path(directory)
+    path = directory / SFT_FILE
+    if not directory.is_dir():
+        raise ConfigError(f"sft.data: dataset directory not found: {directory}")
+    if not path.is_file():
+        raise ConfigError(f"sft.data: {directory} has no {SFT_FILE} (write datasets with `seed-vl collect`)")
+    frames: dict[str, Image.Image] = {}  # a frame shared by several prompts is loaded once
+
+    def load_frame(lineno: int, fid: Any) -> Image.Image:
+        if fid not in frames:
+            frame = directory / FRAMES_DIR / f"{fid}.png"
+            if not (isinstance(fid, str) and fid.isalnum() and frame.is_file()):
+                raise ConfigError(
+                    f"sft.data: {path} line {lineno}: frame {fid!r} not found in {frame.parent}"
+                )
+            with Image.open(frame) as image:
+                frames[fid] = image.convert("RGB")
+        return frames[fid]
+
+    examples = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise ConfigError(f"sft.data: {path} line {lineno} is not valid JSON") from None
+        problem = _record_problem(record)
+        if problem:
+            raise ConfigError(f"sft.data: {path} line {lineno}: {problem}")
+        context = _map_images(record["messages"], lambda fid, n=lineno: load_frame(n, fid))
+        examples.append(SFTExample(context, record["target"], end_of_turn=True))
+    return examples
+
+
+def _record_problem(record: Any) -> str:
+    """What is wrong with an sft.jsonl record, or '' when nothing is."""
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("target"), str)
+        or not record["target"].strip()
+    ):
+        return "needs a non-empty 'target' string"
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "needs a non-empty 'messages' list"
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return "every message needs a 'role'"
+        if not isinstance(content, str) and not (
+            isinstance(content, list)
+            and all(isinstance(item, dict) and item.get("type") in ("text", "image") for item in content)
+        ):
+            return "a message's content must be a string or a list of text and image items"
+    return ""
+
+
+def _has_images(context: list[dict[str, Any]]) -> bool:
+    return any(
+        isinstance(m["content"], list) and any(item["type"] == "image" for item in m["content"])
+        for m in context
+    )
+
+
+def demonstration_examples(
+    env_config: EnvConfig,
+    num_episodes: int,
+    *,
+    seed: int,
+    history_window: int,
+    image_settings: ImageSettings | None,
+    skill_fraction: float,
+    rng: random.Random,
+) -> list[SFTExample]:
+    """One example per turn of `num_episodes` solver demonstrations (see `play_demonstrations`); with
+    probability `skill_fraction` a turn's context carries its episode's scripted skill, which teaches that
+    skill text in context is worth following."""
+    episodes = play_demonstrations(
+        env_config,
+        num_episodes,
+        seed=seed,
+        history_window=history_window,
+        image_settings=image_settings,
+        rng=rng,
+    )
+    return [
+        SFTExample(
+            insert_skill(turn.context, episode.skill) if rng.random() < skill_fraction else turn.context,
+            turn.response_text,
+        )
+        for episode in episodes
+        for turn in episode.turns
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def load_policy(model: ModelConfig, seed: int = 0) -> Policy:
+    return Policy.from_config(model, seed=seed)
+
+
+def image_settings(policy: Policy, model: ModelConfig) -> ImageSettings | None:
+    return policy.image_settings
