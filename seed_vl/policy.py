@@ -150,12 +150,11 @@ class Policy:
         )
         if is_vision:
             processor = AutoProcessor.from_pretrained(path)
-            size = dict(processor.image_processor.size)
-            if min_pixels is not None:  # transformers' names for Qwen's min/max pixels
-                size["shortest_edge"] = min_pixels
+            size = processor.image_processor.size  # transformers' names for Qwen's min/max pixels
+            if min_pixels is not None:
+                size.shortest_edge = min_pixels
             if max_pixels is not None:
-                size["longest_edge"] = max_pixels
-            processor.image_processor.size = size
+                size.longest_edge = max_pixels
         else:
             processor = AutoTokenizer.from_pretrained(path)
         return cls(
@@ -196,7 +195,7 @@ class Policy:
         if not self.is_vision:
             return None
         size = self._processor.image_processor.size
-        return ImageSettings(min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"])
+        return ImageSettings(min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
 
     @property
     def model(self) -> PreTrainedModel:

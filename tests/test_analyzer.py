@@ -26,7 +26,6 @@ from seed_vl.analyzer import (
 from seed_vl.config import AnalyzerConfig, ConfigError, EnvConfig
 from seed_vl.envs.group import EnvGroup
 from seed_vl.policy import Generation, Policy
-from seed_vl.processors.images import ImageSettings
 from seed_vl.processors.prompts import TASK_PREFIX
 from seed_vl.rollout import SamplingSettings, collect_rollouts
 from seed_vl.skills import insert_skill, skill_block
@@ -392,12 +391,12 @@ def test_self_analyzer_shows_a_vision_policy_the_frames(tiny_vl_path):
 @pytest.fixture(scope="module")
 def visual_rollouts(tiny_vl_path):
     """Real episodes: the tiny VL policy plays visual Sokoban (3 steps) through the real rollout path."""
-    policy = Policy.from_pretrained(tiny_vl_path, device="cpu")
+    policy = Policy.from_pretrained(tiny_vl_path, device="cpu", min_pixels=28 * 28, max_pixels=128 * 28 * 28)
     env_config = EnvConfig(name="sokoban_visual", max_steps=3)
     group = EnvGroup(env_config, num_tasks=2, group_size=1)
     sampling = SamplingSettings(max_new_tokens=16, temperature=1.0)
     trajectories = collect_rollouts(
-        policy, group, sampling, ImageSettings(28 * 28, 128 * 28 * 28), seed=0, step=0
+        policy, group, sampling, seed=0, step=0
     )
     return env_config, trajectories
 
