@@ -20,7 +20,6 @@ import json
 import random
 import shutil
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed, fra
 from seed_vl.sft import SFTExample, SFTResult, SFTSettings, train_sft
 from seed_vl.skills import insert_skill
 from seed_vl.tracking import MetricsLogger, Phase
-from seed_vl.trajectory import Trajectory
+from seed_vl.trajectory import Trajectory, map_images
 
 # Seed streams of stage 1's own draws: never equal to a stage 2 rollout seed of the same run.
 _COLLECT_STREAM, _DEMO_STREAM = 0x5F1C, 0xDE30
@@ -114,24 +113,10 @@ def _append_sft_records(
             record = {
                 "trajectory": index,
                 "won": traj.won,
-                "messages": _map_images(prompt, frame_id),
+                "messages": map_images(prompt, frame_id),
                 "target": format_analysis(traj.summary, traj.skill),
             }
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def _map_images(messages: list[dict[str, Any]], fn: Callable[[Any], Any]) -> list[dict[str, Any]]:
-    """The messages with every image item's `image` replaced by `fn(image)`."""
-    out = []
-    for message in messages:
-        content = message["content"]
-        if isinstance(content, list):
-            content = [
-                {**item, "image": fn(item["image"])} if item.get("type") == "image" else item
-                for item in content
-            ]
-        out.append({**message, "content": content})
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------- sft
@@ -257,7 +242,7 @@ def load_analysis_examples(directory: str | Path) -> list[SFTExample]:
         problem = _record_problem(record)
         if problem:
             raise ConfigError(f"sft.data: {path} line {lineno}: {problem}")
-        context = _map_images(record["messages"], lambda fid, n=lineno: load_frame(n, fid))
+        context = map_images(record["messages"], lambda fid, n=lineno: load_frame(n, fid))
         examples.append(SFTExample(context, record["target"], end_of_turn=True))
     return examples
 

@@ -59,7 +59,7 @@ class Trajectory:
         record["turns"] = [
             {
                 **{f.name: getattr(t, f.name) for f in fields(t)},
-                "context": _context_record(t.context, image_ref),
+                "context": map_images(t.context, image_ref),
                 "images": [image_ref(img) for img in t.images],
             }
             for t in self.turns
@@ -67,14 +67,12 @@ class Trajectory:
         return record
 
 
-def _context_record(context: list[dict[str, Any]], image_ref: Callable[[Any], str]) -> list[dict[str, Any]]:
+def map_images(messages: list[dict[str, Any]], fn: Callable[[Any], Any]) -> list[dict[str, Any]]:
+    """The messages with every image item's `image` replaced by `fn(image)` (e.g. PIL image <-> frame id)."""
     out = []
-    for message in context:
+    for message in messages:
         content = message["content"]
         if isinstance(content, list):
-            content = [
-                {"type": "image", "image": image_ref(item["image"])} if item.get("type") == "image" else dict(item)
-                for item in content
-            ]
+            content = [{**item, "image": fn(item["image"])} if item.get("type") == "image" else item for item in content]
         out.append({**message, "content": content})
     return out
