@@ -64,6 +64,12 @@ def _cmd_sft(args: argparse.Namespace) -> None:
     print(f"fine-tuned model written to {sft(_config(args))}")
 
 
+def _cmd_warmstart(args: argparse.Namespace) -> None:
+    from seed_vl.warmstart import run_warmstart
+
+    print(f"warm-started model: {run_warmstart(_config(args))}")
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> None:
     from seed_vl.reproduce import reproduce
 
@@ -82,6 +88,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], None]]] = {
     "collect": ("stage 1: roll out the base policy and label trajectories with an analyzer", _cmd_collect),
     "sft": ("stage 1: fine-tune on analyzer prompt -> JSON pairs (and solver demonstrations)", _cmd_sft),
     "make-tiny-model": ("build the tiny Qwen-architecture model used by tests and the CPU demo", _cmd_make_tiny_model),
+    "warmstart": ("the tiny model's stand-in for pretraining (cached; not part of SEED)", _cmd_warmstart),
     "demo": ("the CPU demo: warm start, then SEED on visual Sokoban with the tiny model", _cmd_demo),
     "reproduce": ("toy-scale GRPO / GRPO+OPSD / SEED comparison, writes docs/RESULTS.md", _cmd_reproduce),
 }
