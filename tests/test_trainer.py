@@ -191,3 +191,13 @@ def test_two_process_cpu_ddp_run(tmp_path, tiny_vl_path):
     lines = (tmp_path / "run/trajectories/step_000001/trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 2 and len({json.loads(line)["group_id"] for line in lines}) == 1
     assert len(list_checkpoints(tmp_path / "run" / "checkpoints")) == 1
+
+
+def test_eval_command_reports_held_out_success(tiny_vl_path):
+    proc = _cli("eval", f"model.path={tiny_vl_path}", "model.device=cpu", "env.cell_px=28", "env.max_steps=2",
+                "eval.num_tasks=2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    values = dict(line.split(": ") for line in proc.stdout.splitlines())
+    assert set(values) >= {"eval/success_rate", "eval/return", "eval/episode_length", "eval/invalid_action_rate"}
+    assert 0.0 <= float(values["eval/success_rate"]) <= 1.0
+    assert float(values["eval/episode_length"]) <= 2.0
