@@ -5,6 +5,7 @@ Only the main process logs. wandb runs offline when no API key is set, and only 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 from tqdm.auto import tqdm
 
 from seed_vl.config import to_dict
-from seed_vl.io import append_jsonl
+from seed_vl.io import append_jsonl, atomic_write_text
 
 T = TypeVar("T")
 
@@ -50,6 +51,11 @@ class MetricsLogger:
         append_jsonl(self.path, {"step": step, **metrics})
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
+
+    def rewrite(self, records: list[dict[str, Any]]) -> None:
+        """Replace metrics.jsonl with `records` (a resumed run; trackers keep what they already have)."""
+        if self.enabled:
+            atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
     def close(self) -> None:
         if self._wandb is not None:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import DistributedType, gather_object, set_seed
 
 from seed_vl import checkpoint as ckpt
 from seed_vl.analyzer import make_analyzer
@@ -43,13 +43,19 @@ class NonFiniteError(RuntimeError):
 
 @dataclass
 class ActionSample:
-    """One turn's sampled response, the unit of scoring: the action tokens of one context."""
+    """One turn's sampled response, the unit of scoring, with its trajectory's advantage and skill."""
 
     turn: Turn
-    context: list[dict[str, Any]]
-    response_ids: list[int]
     advantage: float
     skill: str | None
+
+    @property
+    def context(self) -> list[dict[str, Any]]:
+        return self.turn.context
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.turn.response_ids
 
 
 def run_dir_for(config: Config) -> Path:
@@ -89,8 +95,11 @@ class Trainer:
         optimizer = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
         warmup = max(1, config.train.warmup_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-        model, self.optimizer, self.scheduler = self.accelerator.prepare(self.policy.model, optimizer, scheduler)
-        self.policy.set_forward_module(model)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(self.policy.model, optimizer, scheduler)
+        self.policy.set_forward_module(self.model)
+        # DDP: gradients are averaged by hand once per optimizer step, so processes may run different numbers
+        # of micro-batches. FSDP and DeepSpeed synchronise inside their own backward instead.
+        self._ddp = self.accelerator.distributed_type in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU)
 
         self._timings: dict[str, float] = {}  # seconds per phase of the current step
         counters = {"nonfinite_skipped": 0, "nonfinite_in_a_row": 0, "env_steps": 0}
@@ -109,10 +118,8 @@ class Trainer:
         )
         if self.is_main:
             save_config(config, self.run_dir / "config.yaml")
-            if self.resume_from:  # metrics after the checkpoint's step would be repeated: rewrite the file
-                self.logger.path.unlink(missing_ok=True)
-                for record in self.state.metrics:
-                    self.logger.log(record["step"], {k: v for k, v in record.items() if k != "step"})
+            if self.resume_from:  # steps after the checkpoint will be logged again: keep only those before it
+                self.logger.rewrite(self.state.metrics)
 
     def _load_policy(self, path: str, shared_cache: bool = False) -> Policy:
         model_config = self.config.model.model_copy(update={"device": str(self.accelerator.device)})
@@ -233,7 +240,7 @@ class Trainer:
             torch.tensor(returns), torch.tensor([t.group_id for t in trajectories]), eps=a.adv_eps
         ).tolist()
         return [
-            ActionSample(turn, turn.context, turn.response_ids, advantages[i], traj.skill)
+            ActionSample(turn, advantages[i], traj.skill)
             for i, traj in enumerate(trajectories)
             for turn in traj.turns
             if turn.response_ids
@@ -280,64 +287,85 @@ class Trainer:
     def _update(self, samples, old_lp, teacher_lp, ref_lp, on_minibatch) -> dict[str, float]:
         cfg, acc = self.config, self.accelerator
         generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + self.state.step)
+        mb = cfg.train.mini_batch_size
+        # Processes hold different numbers of turns; all take the same number of optimizer steps (some
+        # mini-batches may be empty), accumulating locally and averaging gradients once per step.
+        num_minibatches = int(self._reduce_max(math.ceil(len(samples) / mb)))
         totals: dict[str, float] = {}
-        num_updates = 0
         for _ in range(cfg.train.ppo_epochs):
             order = torch.randperm(len(samples), generator=generator).tolist()
-            for start in range(0, len(order), cfg.train.mini_batch_size):
-                batch = order[start : start + cfg.train.mini_batch_size]
-                num_tokens = float(sum(len(samples[i].response_ids) for i in batch))
-                num_skill_tokens = float(sum(len(samples[i].response_ids) for i in batch if teacher_lp[i] is not None))
+            for k in range(num_minibatches):
+                batch = order[k * mb : (k + 1) * mb]
                 self.optimizer.zero_grad(set_to_none=True)
-                loss_sum, stats_sum = 0.0, {}
-                for indices, student_lp, entropy in self.policy.score_batches(
-                    [samples[i].context for i in batch],
-                    [samples[i].response_ids for i in batch],
-                    micro_batch_size=cfg.train.micro_batch_size,
-                    with_grad=True,
-                ):
-                    rows = [batch[j] for j in indices]
-                    logprobs, mask = pad_sequences(student_lp)
-                    has_skill = torch.tensor([teacher_lp[i] is not None for i in rows])
-                    loss, stats = policy_loss(
-                        logprobs,
-                        pad_sequences([old_lp[i] for i in rows])[0],
-                        torch.tensor([samples[i].advantage for i in rows]),
-                        mask,
-                        cfg.algorithm,
-                        teacher_logprobs=pad_sequences(
-                            [teacher_lp[i] if teacher_lp[i] is not None else old_lp[i] for i in rows]
-                        )[0],
-                        has_skill=has_skill,
-                        ref_logprobs=pad_sequences([ref_lp[i] for i in rows])[0] if ref_lp is not None else None,
-                        entropy=pad_sequences(entropy)[0] if entropy is not None else None,
-                        num_tokens=num_tokens,
-                        num_skill_tokens=num_skill_tokens,
-                    )
-                    acc.backward(loss)
-                    loss_sum += loss.item()
-                    for k, v in stats.items():
-                        stats_sum[k] = stats_sum.get(k, 0.0) + float(v)
+                with acc.no_sync(self.model) if self._ddp else nullcontext():
+                    loss_sum, stats = self._accumulate_gradients(batch, samples, old_lp, teacher_lp, ref_lp)
+                if self._ddp:
+                    self._average_gradients()
                 grad_norm = acc.clip_grad_norm_(self.policy.model.parameters(), cfg.train.max_grad_norm)
-                finite = math.isfinite(loss_sum) and math.isfinite(float(grad_norm))
-                counters = self.state.counters
-                if finite:
+                if self._reduce_sum(not (math.isfinite(loss_sum) and math.isfinite(float(grad_norm)))) == 0:
                     self.optimizer.step()
                     self.scheduler.step()
-                    counters["nonfinite_in_a_row"] = 0
+                    self.state.counters["nonfinite_in_a_row"] = 0
                 else:  # skip the update: the weights stay the last good ones
                     self.optimizer.zero_grad(set_to_none=True)
+                    self.state.counters["nonfinite_skipped"] += 1
+                    self.state.counters["nonfinite_in_a_row"] += 1
                     if self.is_main:
                         print(f"[seed-vl] step {self.state.step + 1}: non-finite loss or gradient "
                               f"(loss {loss_sum}, grad norm {float(grad_norm)}), update skipped", file=sys.stderr)
-                    counters["nonfinite_skipped"] += 1
-                    counters["nonfinite_in_a_row"] += 1
-                num_updates += 1
                 on_minibatch()
-                for k, v in {"grad_norm": float(grad_norm), **stats_sum}.items():
-                    totals[k] = totals.get(k, 0.0) + v
+                for key, value in {"grad_norm": float(grad_norm), **stats}.items():
+                    totals[key] = totals.get(key, 0.0) + value
         # Metrics are per optimizer step (micro-batches already sum to their mini-batch): average them.
-        return self._reduce_mean_pairs({k: (v, num_updates) for k, v in totals.items()})
+        steps = num_minibatches * cfg.train.ppo_epochs
+        return self._reduce_mean_pairs({key: (value, steps) for key, value in totals.items()})
+
+    def _accumulate_gradients(self, batch, samples, old_lp, teacher_lp, ref_lp) -> tuple[float, dict[str, float]]:
+        """Backward of one mini-batch, micro-batch by micro-batch; returns its loss and metrics."""
+        cfg = self.config
+        num_tokens = float(sum(len(samples[i].response_ids) for i in batch))
+        num_skill_tokens = float(sum(len(samples[i].response_ids) for i in batch if teacher_lp[i] is not None))
+        loss_sum, stats_sum = 0.0, {}
+        for indices, student_lp, entropy in self.policy.score_batches(
+            [samples[i].context for i in batch],
+            [samples[i].response_ids for i in batch],
+            micro_batch_size=cfg.train.micro_batch_size,
+            with_grad=True,
+        ):
+            rows = [batch[j] for j in indices]
+            logprobs, mask = pad_sequences(student_lp)
+            loss, stats = policy_loss(
+                logprobs,
+                pad_sequences([old_lp[i] for i in rows])[0],
+                torch.tensor([samples[i].advantage for i in rows]),
+                mask,
+                cfg.algorithm,
+                teacher_logprobs=pad_sequences(
+                    [teacher_lp[i] if teacher_lp[i] is not None else old_lp[i] for i in rows]
+                )[0],
+                has_skill=torch.tensor([teacher_lp[i] is not None for i in rows]),
+                ref_logprobs=pad_sequences([ref_lp[i] for i in rows])[0] if ref_lp is not None else None,
+                entropy=pad_sequences(entropy)[0] if entropy is not None else None,
+                num_tokens=num_tokens,
+                num_skill_tokens=num_skill_tokens,
+            )
+            self.accelerator.backward(loss)
+            loss_sum += loss.item()
+            for key, value in stats.items():
+                stats_sum[key] = stats_sum.get(key, 0.0) + float(value)
+        return loss_sum, stats_sum
+
+    def _average_gradients(self) -> None:
+        """Mean of the gradients over processes (each already a token-mean over its own action tokens)."""
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch.distributed.all_reduce(flat)
+        flat /= self.accelerator.num_processes
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
+            offset += g.numel()
 
     # ------------------------------------------------------------------------------------------ metrics
     def evaluate(self, prefix: str = "eval") -> dict[str, float]:
@@ -368,6 +396,13 @@ class Trainer:
             return value
         t = torch.tensor([float(value)], device=self.accelerator.device)
         return float(self.accelerator.reduce(t, reduction="sum").item())
+
+    def _reduce_max(self, value: float) -> float:
+        if self.accelerator.num_processes == 1:
+            return value
+        t = torch.tensor([float(value)], device=self.accelerator.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t.item())
 
     def _reduce_mean_pairs(self, pairs: dict[str, tuple[float, float]]) -> dict[str, float]:
         """Each metric as (sum, count) per process -> global sum / global count."""

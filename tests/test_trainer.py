@@ -179,17 +179,22 @@ def test_bad_cli_input_is_one_line_exit_2(args, named):
 def test_two_process_cpu_ddp_run(tmp_path, tiny_vl_path):
     launch = [sys.executable, "-m", "accelerate.commands.launch",
               "--config_file", str(REPO / "configs/accelerate/cpu_ddp.yaml"), "-m", "seed_vl.cli", "train"]
-    overrides = _overrides(tiny_vl_path, tmp_path, "sokoban_visual", **{"analyzer.backend": "scripted"})
+    # 3 tasks on 2 processes: one plays 2 groups, the other 1, so they hold different numbers of turns
+    # and micro-batches, yet take the same optimizer steps.
+    overrides = _overrides(tiny_vl_path, tmp_path, "sokoban_visual", **{
+        "analyzer.backend": "scripted", "rollout.num_tasks": 3, "train.mini_batch_size": 4,
+        "train.micro_batch_size": 2,
+    })
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([*launch, *overrides], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     records = _metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [0, 1, 2]
-    # Each process plays one of the two tasks (whole groups); metrics are reduced over both.
-    assert records[1]["env_steps"] == 2 * 2 * 3
+    # Whole groups stay on one process (the main one saves its own: tasks 0 and 2); metrics are reduced.
+    assert records[1]["env_steps"] == 3 * 2 * 3
     lines = (tmp_path / "run/trajectories/step_000001/trajectories.jsonl").read_text().splitlines()
-    assert len(lines) == 2 and len({json.loads(line)["group_id"] for line in lines}) == 1
+    assert sorted(json.loads(line)["group_id"] for line in lines) == [0, 0, 2, 2]
     assert len(list_checkpoints(tmp_path / "run" / "checkpoints")) == 1
 
 
