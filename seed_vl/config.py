@@ -167,14 +167,13 @@ class WarmstartConfig(Section):
     out_dir: str = ".cache/warmstart-vl"  # model/ and warmstart.json; reused while the settings match
     envs: list[str] = ["sokoban_visual", "ezpoints_visual"]  # all visual (VL model) or all text
     seed: int = 0  # demonstrations, shuffling, evaluation sampling
-    demonstrations: int = Field(64, ge=1)  # solver episodes per environment
+    demonstrations: int = Field(200, ge=1)  # solver episodes per environment
     demo_skill_fraction: float = Field(0.5, ge=0.0, le=1.0)  # share of demo contexts with the scripted skill
-    analyzer_episodes: int = Field(16, ge=0)  # labelled episodes per environment: half solver, half random
+    analyzer_episodes: int = Field(160, ge=0)  # labelled episodes per environment: half solver, half random
     train_vision_tower: bool = True  # pretraining teaches the tower to see; RL keeps it frozen by default
-    epochs: int = Field(2, ge=1)
-    lr: float = Field(1e-3, gt=0.0)
+    epochs: int = Field(1, ge=1)  # stopped early on purpose: one pass over fresh solver episodes
+    lr: float = Field(2e-3, gt=0.0)  # from random weights: far above a fine-tuning rate
     batch_size: int = Field(8, ge=1)
-    eval_tasks: int = Field(32, ge=1)  # held-out episodes per environment for the base success rates
 
     @field_validator("envs")
     @classmethod
@@ -183,7 +182,7 @@ class WarmstartConfig(Section):
         if not envs or any(name not in known for name in envs):
             raise ValueError(f"name one or more environments among {', '.join(known)}")
         if len({name.endswith(_VISUAL_SUFFIX) for name in envs}) > 1:
-            raise ValueError("all visual or all text: one model learns them")
+            raise ValueError("mixes visual and text environments; one model learns them all")
         return envs
 
     @property

@@ -22,7 +22,7 @@ from seed_vl.io import atomic_write_text, read_jsonl
 
 
 class ReproduceConfig(Section):
-    tasks: dict[str, str] = {  # label -> tiny training recipe
+    tasks: dict[str, str] = {  # label -> tiny training recipe (the first one's warm start is the shared base)
         "Sokoban": "configs/tiny/sokoban_visual.yaml",
         "EZPoints": "configs/tiny/ezpoints_visual.yaml",
     }
@@ -84,10 +84,13 @@ def reproduce(config_path: str | None, overrides: list[str]) -> Path:
             raise ConfigError(f"methods: unknown preset '{method}'")
 
     started = time.perf_counter()
+    # One warm-started base for every task, method and seed: the first recipe's warm start, kept in the
+    # reproduction's own directory so that a demo with other settings cannot replace it.
+    first = load_config(next(iter(cfg.tasks.values())), cfg.overrides)
+    first.warmstart.out_dir = str(Path(cfg.output_dir) / "warmstart")
+    base_model = str(run_warmstart(first))
     results: list[RunResult] = []
     for task in cfg.tasks:
-        base = load_config(cfg.tasks[task], cfg.overrides)
-        base_model = str(run_warmstart(base))  # one warm-started base per task, shared by every method and seed
         for method in cfg.methods:
             for seed in cfg.seeds:
                 run_cfg = run_config(cfg, task, method, seed, base_model)

@@ -9,9 +9,9 @@ from seed_vl.reproduce import reproduce
 
 def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
     run_overrides = [
-        f"warmstart.base_model={tiny_vl_path}", f"warmstart.out_dir={tmp_path / 'warm'}",
+        f"warmstart.base_model={tiny_vl_path}",
         "warmstart.demonstrations=2", "warmstart.analyzer_episodes=0", "warmstart.epochs=1",
-        "warmstart.eval_tasks=1", "model.device=cpu", "train.steps=2", "rollout.num_tasks=1",
+        "model.device=cpu", "train.steps=2", "rollout.num_tasks=1",
         "rollout.group_size=2", "env.max_steps=2", "eval.num_tasks=1", "eval.every=1", "logging.progress=false",
         "checkpoint.every=0",
     ]

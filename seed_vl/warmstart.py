@@ -1,0 +1,304 @@
+"""The tiny model's warm start: a stand-in for pretraining, NOT part of SEED.
+
+A real run starts from a pretrained instruct model that already follows the answer format and uses a hint
+in its context. No weights can be downloaded here, so `seed-vl warmstart` gives the randomly initialised
+tiny model a short, documented substitute, one shuffled SFT over every `warmstart.envs` environment:
+
+  * behaviour cloning on solver demonstrations (`demonstration_examples`), a share of the contexts carrying
+    the episode's scripted skill, so that skill text in context is worth reading;
+  * stage-1 analyzer SFT: analyzer prompt -> scripted-analyzer JSON on solver episodes (workflow skills)
+    and random-action episodes (mostly avoidance rules), so that the model can write skills.
+
+It stops early on purpose (few demonstrations, few epochs): the base policy should solve a minority of
+held-out episodes and leave room for RL. `warmstart.json` records the settings, the SFT loss curve, the
+base success rates measured like the trainer's evaluation, and the wall time.
+
+Cache: `warmstart.out_dir` holds `model/` and `warmstart.json`. It is reused while its key - a hash of the
+settings, the base model's weights and the package source - matches, and is otherwise rebuilt in a
+temporary directory that replaces it in one rename, so an interrupted warm start is simply redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import random
+import re
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+import seed_vl
+import seed_vl.envs
+import seed_vl.processors
+from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyzer
+from seed_vl.config import Config, EnvConfig
+from seed_vl.demonstrations import play_demonstrations
+from seed_vl.envs.base import Env
+from seed_vl.envs.group import EnvGroup
+from seed_vl.envs.registry import make_env
+from seed_vl.evaluation import EVAL_STEP, summarize
+from seed_vl.io import atomic_directory, atomic_write_text
+from seed_vl.policy import Policy
+from seed_vl.processors.images import ImageSettings
+from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed
+from seed_vl.sft import SFTExample, SFTSettings, train_sft
+from seed_vl.stage1 import demonstration_examples
+from seed_vl.tiny_model import build_tiny_model
+from seed_vl.tracking import Phase
+from seed_vl.trajectory import Trajectory, Turn
+
+SUMMARY_FILE, MODEL_DIR = "warmstart.json", "model"
+# Seed streams of the warm start's own draws (demonstration phrasing, random-action episodes).
+_DEMO_STREAM, _ANALYZER_STREAM = 0x3A12, 0x3A13
+_ANSWER = re.compile(r"<think>(?P<think>.*)</think>(?P<action><action>.*</action>)", re.DOTALL)
+_SENTENCE_END = re.compile(r"(?<=[.;])\s+")
+
+
+def run_warmstart(config: Config) -> Path:
+    """The warm-started model directory: reused from `warmstart.out_dir` when its key matches, else built
+    (the untrained tiny model first, when `warmstart.base_model` is missing)."""
+    ws = config.warmstart
+    out_dir = Path(ws.out_dir)
+    base = ensure_base_model(config)
+    settings = warmstart_settings(config)
+    key = _digest(json.dumps(settings, sort_keys=True), _weights_digest(base), source_digest())
+    if cached_key(out_dir) == key:
+        print(f"[seed-vl] warm start: reusing {out_dir / MODEL_DIR}", file=sys.stderr)
+        return out_dir / MODEL_DIR
+
+    start = time.perf_counter()
+    model = config.model.model_copy(update={"freeze_vision_tower": not ws.train_vision_tower})
+    policy = Policy.from_config(model, path=base, seed=ws.seed)
+    envs = [env_config(config, name) for name in ws.envs]
+    demonstrations, analysis = warmstart_examples(config, envs, policy.image_settings)
+    losses: list[float] = []
+    result = train_sft(
+        policy,
+        demonstrations + analysis,
+        SFTSettings(
+            epochs=ws.epochs,
+            lr=ws.lr,
+            batch_size=ws.batch_size,
+            micro_batch_size=config.train.micro_batch_size,
+            max_length=config.sft.max_length,
+            max_grad_norm=config.train.max_grad_norm,
+            seed=ws.seed,
+        ),
+        log=lambda step, metrics: losses.append(metrics["sft/loss"]),
+        show_progress=config.logging.progress,
+    )
+    summary = {
+        "key": key,
+        "note": "the tiny model's warm start: a stand-in for pretraining, not part of SEED",
+        "settings": settings,
+        "examples": {
+            "demonstration_turns": len(demonstrations),
+            "analyzer_pairs": len(analysis),
+            "skipped_too_long": result.skipped_too_long,
+        },
+        "sft": {"steps": result.steps, "loss_curve": loss_curve(losses)},
+        "base": {env.name: measure_base_policy(policy, config, env) for env in envs},
+        "wall_time_s": round(time.perf_counter() - start, 1),
+    }
+    with atomic_directory(out_dir) as tmp:
+        policy.save_pretrained(tmp / MODEL_DIR)
+        atomic_write_text(tmp / SUMMARY_FILE, json.dumps(summary, indent=1) + "\n")
+    return out_dir / MODEL_DIR
+
+
+def warmstart_examples(
+    config: Config, envs: list[EnvConfig], images: ImageSettings | None
+) -> tuple[list[SFTExample], list[SFTExample]]:
+    """(demonstration turns, analyzer pairs) of every environment, each drawn from its own seeded stream."""
+    ws = config.warmstart
+    demonstrations, analysis = [], []
+    with Phase("warm start: data", len(envs), "environment", enabled=config.logging.progress) as bar:
+        for index, env in enumerate(envs):
+            turns = demonstration_examples(
+                env,
+                ws.demonstrations,
+                seed=env.train_seed_start,
+                history_window=config.rollout.history_window,
+                image_settings=images,
+                skill_fraction=ws.demo_skill_fraction,
+                rng=random.Random(derive_seed(_DEMO_STREAM, ws.seed, index)),
+            )
+            demonstrations += [replace(turn, response=terse_response(turn.response)) for turn in turns]
+            rng = random.Random(derive_seed(_ANALYZER_STREAM, ws.seed, index))
+            analysis += analyzer_examples(config, env, ws.analyzer_episodes, images, rng)
+            bar.update()
+    return demonstrations, analysis
+
+
+def loss_curve(losses: list[float], points: int = 10) -> list[float]:
+    """The SFT loss averaged over `points` equal stretches of the steps: the curve's shape, in brief."""
+    bounds = [round(k * len(losses) / points) for k in range(points + 1)]
+    return [round(statistics.fmean(losses[a:b]), 4) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def ensure_base_model(config: Config) -> Path:
+    """`warmstart.base_model`, built as the tiny model (VL or text, as the environments need) if missing."""
+    ws = config.warmstart
+    base = Path(ws.base_model)
+    if not (base / "config.json").is_file():
+        build_tiny_model(base, text_only=ws.text_only, seed=ws.tiny_model_seed)
+    return base
+
+
+def env_config(config: Config, name: str) -> EnvConfig:
+    """The recipe's environment settings (frame sizes, seed ranges) for environment `name`; the step
+    budget belongs to the recipe's own environment, the others keep their defaults."""
+    own = name == config.env.name
+    return config.env.model_copy(update={"name": name, "max_steps": config.env.max_steps if own else None})
+
+
+def warmstart_settings(config: Config) -> dict[str, Any]:
+    """Everything the warm start reads from the config, for its cache key (with the base weights and the
+    code); the RL sections of a recipe do not change it."""
+
+    def fields(section: BaseModel, *names: str) -> dict[str, Any]:
+        return section.model_dump(mode="json", include=set(names))
+
+    ws = config.warmstart
+    return {
+        "warmstart": ws.model_dump(mode="json", exclude={"base_model", "out_dir"}),  # where: no effect
+        "envs": [env_config(config, name).model_dump(mode="json") for name in ws.envs],
+        "model": fields(config.model, "dtype", "attn_implementation", "min_pixels", "max_pixels"),
+        "rollout": fields(config.rollout, "history_window", "max_new_tokens", "top_p"),
+        "analyzer": fields(
+            config.analyzer, "max_steps_shown", "min_skill_words", "attempts", "max_new_tokens", "temperature"
+        ),
+        "eval": fields(config.eval, "num_tasks", "temperature"),
+        "train": fields(config.train, "micro_batch_size", "max_grad_norm"),
+        "sft": fields(config.sft, "max_length"),
+        "version": seed_vl.__version__,
+    }
+
+
+def cached_key(out_dir: Path) -> str | None:
+    """The key of a finished warm start in `out_dir`, None when there is none."""
+    summary = out_dir / SUMMARY_FILE
+    if not (summary.is_file() and (out_dir / MODEL_DIR / "config.json").is_file()):
+        return None
+    try:
+        return json.loads(summary.read_text()).get("key")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
+def terse_response(response: str) -> str:
+    """A solver demonstration's answer with only the last sentence of its think text, the move itself
+    ("I push the box up."): the situation sentence before it would triple every response of the tiny
+    model, the cost of every rollout turn and the tokens it must learn."""
+    match = _ANSWER.fullmatch(response)
+    if match is None:
+        return response
+    move = _SENTENCE_END.split(match["think"].strip())[-1]
+    return f"<think>{move}</think>{match['action']}"
+
+
+# ----------------------------------------------------------------------------------------- analyzer pairs
+def analyzer_examples(
+    config: Config, env: EnvConfig, num_episodes: int, images: ImageSettings | None, rng: random.Random
+) -> list[SFTExample]:
+    """Stage-1 pairs (analyzer prompt -> scripted-analyzer JSON) on `num_episodes` episodes: half solver
+    episodes (successes: workflow skills), half random-action episodes (mostly failures: avoidance rules)."""
+    solved = play_demonstrations(
+        env,
+        num_episodes - num_episodes // 2,
+        seed=env.train_seed_start,
+        history_window=config.rollout.history_window,
+        image_settings=images,
+        rng=rng,
+    )
+    for turn in (turn for episode in solved for turn in episode.turns):
+        turn.response_text = terse_response(turn.response_text)
+    game = make_env(env)
+    episodes = solved + [
+        random_episode(game, env.train_seed_start + k, rng) for k in range(num_episodes // 2)
+    ]
+    scripted = config.analyzer.model_copy(update={"backend": "scripted"})
+    make_analyzer(scripted, env, seed=config.warmstart.seed).analyze(episodes)
+    return [
+        SFTExample(
+            build_analyzer_prompt(
+                t, with_images=images is not None, max_steps=config.analyzer.max_steps_shown
+            ),
+            format_analysis(t.summary, t.skill),
+            end_of_turn=True,
+        )
+        for t in episodes
+        if t.skill is not None
+    ]
+
+
+def random_episode(env: Env, seed: int, rng: random.Random) -> Trajectory:
+    """One episode of uniformly random admissible actions (what the analyzer reads: no contexts)."""
+    obs, info = env.reset(seed)
+    episode = Trajectory(env_name=env.name, seed=seed, task=info["task"], group_id=0)
+    done = False
+    while not done:
+        action = rng.choice(info["admissible_actions"])
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        episode.turns.append(
+            Turn(
+                context=[],
+                response_text=f"<think>I try {action}.</think><action>{action}</action>",
+                response_ids=[],
+                action=action,
+                action_valid=bool(info["action_valid"]),
+                reward=float(reward),
+                observation_text=obs["text"],
+                images=list(obs["images"]),
+            )
+        )
+        obs, done = next_obs, terminated or truncated
+    episode.won = bool(info["won"])
+    episode.episode_return = sum(turn.reward for turn in episode.turns)
+    return episode
+
+
+# --------------------------------------------------------------------------------------------- evaluation
+def measure_base_policy(policy: Policy, config: Config, env: EnvConfig) -> dict[str, float]:
+    """Success rate and friends on the held-out tasks the trainer's evaluation plays (same seeds and
+    sampling), plus how often the self-analyzer writes a usable skill for those episodes."""
+    group = EnvGroup(env, num_tasks=config.eval.num_tasks, group_size=1, split="eval")
+    r = config.rollout
+    sampling = SamplingSettings(r.max_new_tokens, config.eval.temperature, r.top_p, r.history_window)
+    with Phase(f"warm start: eval {env.name}", len(group), "episode", enabled=config.logging.progress) as bar:
+        trajectories = collect_rollouts(
+            policy, group, sampling, seed=config.warmstart.seed, step=EVAL_STEP, on_episode_end=bar.update
+        )
+    analyzer = config.analyzer.model_copy(update={"backend": "self"})
+    make_analyzer(analyzer, env, policy=policy, seed=config.warmstart.seed).analyze(trajectories)
+    metrics = {key.removeprefix("eval/"): s / n for key, (s, n) in summarize(trajectories, "eval").items()}
+    metrics["analyzer_valid_rate"] = sum(t.skill is not None for t in trajectories) / len(trajectories)
+    return metrics
+
+
+# ------------------------------------------------------------------------------------------------ hashing
+def source_digest() -> str:
+    """A digest of the package's Python source (envs and processors included): a code change that could
+    change the warm start's result invalidates the cache."""
+    roots = [Path(p) for pkg in (seed_vl, seed_vl.envs, seed_vl.processors) for p in pkg.__path__]
+    files = sorted({f for root in roots for f in root.rglob("*.py")})
+    return _digest(*(f.read_bytes() for f in files))
+
+
+def _weights_digest(model_dir: Path) -> str:
+    return _digest(*(f.read_bytes() for f in sorted(model_dir.glob("*.safetensors"))))
+
+
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]

@@ -1,0 +1,162 @@
+"""The warm start on a tiny budget: real environments, the real tiny model built and loaded through HF."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from seed_vl import warmstart
+from seed_vl.analyzer import parse_analysis
+from seed_vl.config import ConfigError, load_config
+from seed_vl.envs.registry import make_env
+from seed_vl.policy import Policy
+from seed_vl.processors.parsing import parse_action
+
+
+def tiny_budget(tmp: Path, *overrides: str):
+    """Two demonstrations and two analyzer episodes per environment, one epoch, two short evaluations."""
+    return load_config(
+        None,
+        [
+            f"warmstart.base_model={tmp / 'tiny-vl'}",
+            f"warmstart.out_dir={tmp / 'warmstart'}",
+            "warmstart.demonstrations=2",
+            "warmstart.analyzer_episodes=2",
+            "warmstart.epochs=1",
+            "model.device=cpu",
+            "env.cell_px=28",
+            "env.image_size=112",
+            "env.max_steps=6",
+            "rollout.max_new_tokens=6",
+            "analyzer.max_new_tokens=12",
+            "analyzer.attempts=1",
+            "eval.num_tasks=2",
+            "logging.progress=false",
+            *overrides,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("warm")
+    config = tiny_budget(tmp)
+    return config, warmstart.run_warmstart(config)
+
+
+def test_builds_the_base_model_and_writes_model_and_summary(warm):
+    config, model_dir = warm
+    assert model_dir == Path(config.warmstart.out_dir) / "model"
+    assert (Path(config.warmstart.base_model) / "config.json").is_file()  # built because it was missing
+    policy = Policy.from_config(config.model, path=model_dir)
+    assert policy.is_vision
+
+    summary = json.loads((model_dir.parent / "warmstart.json").read_text())
+    examples = summary["examples"]
+    assert examples["demonstration_turns"] >= 2 * 2 and examples["analyzer_pairs"] == 2 * 2
+    sft = summary["sft"]
+    assert (
+        sft["steps"] >= 1 and len(sft["loss_curve"]) == min(10, sft["steps"]) and min(sft["loss_curve"]) > 0
+    )
+    assert set(summary["base"]) == {"sokoban_visual", "ezpoints_visual"}
+    for rates in summary["base"].values():
+        assert 0.0 <= rates["success_rate"] <= 1.0 and 0.0 <= rates["analyzer_valid_rate"] <= 1.0
+        assert rates["episode_length"] >= 1
+    assert summary["settings"]["warmstart"]["demonstrations"] == 2 and summary["wall_time_s"] > 0
+    assert not list(model_dir.parent.parent.glob(".warmstart.*"))  # no temporary directory left behind
+
+
+def test_reuses_the_cache_without_training(warm, monkeypatch):
+    config, model_dir = warm
+    weights = model_dir / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached warm start was trained again")
+
+    monkeypatch.setattr(warmstart, "train_sft", no_training)
+    assert warmstart.run_warmstart(config) == model_dir
+    # a new config object with the same settings, a different RL recipe section included
+    same = tiny_budget(Path(config.warmstart.out_dir).parent, "train.steps=3", "algorithm.preset=grpo")
+    assert warmstart.run_warmstart(same) == model_dir
+    assert weights.stat().st_mtime_ns == before
+
+
+def test_same_seed_same_bytes_and_a_changed_setting_retrains(warm, tmp_path):
+    config, model_dir = warm
+    again = tiny_budget(Path(config.warmstart.out_dir).parent, f"warmstart.out_dir={tmp_path / 'again'}")
+    assert (
+        warmstart.run_warmstart(again).joinpath("model.safetensors").read_bytes()
+        == (model_dir / "model.safetensors").read_bytes()
+    )
+
+    other = tiny_budget(
+        Path(config.warmstart.out_dir).parent, f"warmstart.out_dir={tmp_path / 'again'}", "warmstart.seed=1"
+    )
+    retrained = warmstart.run_warmstart(other)
+    assert json.loads((retrained.parent / "warmstart.json").read_text())["settings"]["warmstart"]["seed"] == 1
+    assert (retrained / "model.safetensors").read_bytes() != (model_dir / "model.safetensors").read_bytes()
+
+
+def test_an_unfinished_output_directory_is_redone(warm, tmp_path):
+    config, model_dir = warm
+    out = tmp_path / "interrupted"
+    (out / "model").mkdir(parents=True)  # a model directory without its summary: never reused
+    redo = tiny_budget(Path(config.warmstart.out_dir).parent, f"warmstart.out_dir={out}")
+    assert warmstart.cached_key(out) is None
+    warmstart.run_warmstart(redo)
+    assert warmstart.cached_key(out) == json.loads((model_dir.parent / "warmstart.json").read_text())["key"]
+
+
+def test_a_text_warm_start_builds_and_trains_the_text_model(tmp_path):
+    config = tiny_budget(tmp_path, "warmstart.envs=[sokoban_text, ezpoints_text]", "env.name=sokoban_text")
+    model_dir = warmstart.run_warmstart(config)
+    assert not Policy.from_config(config.model, path=model_dir).is_vision
+    summary = json.loads((model_dir.parent / "warmstart.json").read_text())
+    assert set(summary["base"]) == {"sokoban_text", "ezpoints_text"}
+    assert summary["examples"]["analyzer_pairs"] == 2 * 2
+
+
+def test_analyzer_pairs_hold_both_workflow_skills_and_avoidance_rules(tmp_path):
+    config = tiny_budget(tmp_path, "env.max_steps=15")
+    env = warmstart.env_config(config, "sokoban_visual")
+    examples = warmstart.analyzer_examples(config, env, 8, None, random.Random(0))
+    outcomes = {ex.context[0]["content"].split("Outcome: ")[1].split()[0] for ex in examples}
+    assert outcomes == {"success", "failure"}
+    for example in examples:
+        assert parse_analysis(example.response, min_words=config.analyzer.min_skill_words) is not None
+        assert example.end_of_turn
+
+
+def test_random_episodes_are_real_episodes_of_admissible_actions():
+    env = make_env(load_config(None, ["env.name=ezpoints_text"]).env)
+    episode = warmstart.random_episode(env, seed=3, rng=random.Random(0))
+    assert 1 <= episode.length <= env.max_steps and episode.seed == 3
+    for turn in episode.turns:
+        assert parse_action(
+            turn.response_text, ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "+", "*", "="]
+        ) == (
+            turn.action,
+            True,
+        )
+
+
+def test_terse_response_keeps_the_move_sentence_and_the_action():
+    long = "<think>The box is 1 up from me and its target is 1 left. I push the box up.</think><action>up</action>"
+    assert warmstart.terse_response(long) == "<think>I push the box up.</think><action>up</action>"
+    assert warmstart.terse_response("no answer format") == "no answer format"
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("warmstart.envs=[sokoban_visual, sokoban_text]", "warmstart.envs"),
+        ("warmstart.envs=[chess]", "warmstart.envs"),
+    ],
+)
+def test_bad_environment_lists_are_one_line_config_errors(override, field):
+    with pytest.raises(ConfigError, match=field):
+        load_config(None, [override])
