@@ -12,6 +12,7 @@ from seed_vl.checkpoint import list_checkpoints
 from seed_vl.cli import main
 from seed_vl.config import load_config
 from seed_vl.demo import DEFAULT_RECIPE
+from seed_vl.reproduce import ReproduceConfig
 from seed_vl.warmstart import warmstart_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,6 +81,10 @@ def test_a_bad_override_is_a_one_line_error(tmp_path, capsys):
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )
 def test_every_recipe_loads(recipe):
+    if recipe.parent.name == "reproduce":  # a reproduction's own schema, naming training recipes
+        config = load_config(recipe, schema=ReproduceConfig)
+        assert all((REPO / path).is_file() for path in config.tasks.values())
+        return
     config = load_config(recipe)
     if recipe.parent.name == "tiny":  # trains what its warm start writes, on the CPU
         assert Path(config.model.path) == Path(config.warmstart.out_dir) / "model"
