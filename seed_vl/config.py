@@ -167,11 +167,13 @@ class WarmstartConfig(Section):
     out_dir: str = ".cache/warmstart-vl"  # model/ and warmstart.json; reused while the settings match
     envs: list[str] = ["sokoban_visual", "ezpoints_visual"]  # all visual (VL model) or all text
     seed: int = 0  # demonstrations, shuffling, evaluation sampling
-    demonstrations: int = Field(200, ge=1)  # solver episodes per environment
+    # solver episodes per environment, or per environment name (EZPoints episodes are short and its cards
+    # must be learnt from pixels: it needs more of them than Sokoban)
+    demonstrations: int | dict[str, int] = 120
     demo_skill_fraction: float = Field(0.5, ge=0.0, le=1.0)  # share of demo contexts with the scripted skill
-    analyzer_episodes: int = Field(160, ge=0)  # labelled episodes per environment: half solver, half random
+    analyzer_episodes: int = Field(96, ge=0)  # labelled episodes per environment: half solver, half random
     train_vision_tower: bool = True  # pretraining teaches the tower to see; RL keeps it frozen by default
-    epochs: int = Field(1, ge=1)  # stopped early on purpose: one pass over fresh solver episodes
+    epochs: int = Field(2, ge=1)  # stopped early on purpose (see warmstart.json for the base success rates)
     lr: float = Field(2e-3, gt=0.0)  # from random weights: far above a fine-tuning rate
     batch_size: int = Field(8, ge=1)
 
@@ -184,6 +186,17 @@ class WarmstartConfig(Section):
         if len({name.endswith(_VISUAL_SUFFIX) for name in envs}) > 1:
             raise ValueError("mixes visual and text environments; one model learns them all")
         return envs
+
+    @model_validator(mode="after")
+    def _demonstrations_for_every_env(self) -> WarmstartConfig:
+        if any(self.demonstrations_for(name) < 1 for name in self.envs):
+            raise ValueError(f"demonstrations: give a positive count for every environment ({', '.join(self.envs)})")
+        return self
+
+    def demonstrations_for(self, env_name: str) -> int:
+        if isinstance(self.demonstrations, int):
+            return self.demonstrations
+        return self.demonstrations.get(env_name, 0)
 
     @property
     def text_only(self) -> bool:

@@ -19,6 +19,7 @@ from seed_vl.warmstart import run_warmstart
 
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "tiny" / "sokoban_visual.yaml"
 SUCCESS = "eval/success_rate"
+CURVES = ("success_rate", "return", "invalid_action_rate")
 
 
 def run_demo(config_path: str | None, overrides: list[str]) -> Path:
@@ -33,12 +34,12 @@ def run_demo(config_path: str | None, overrides: list[str]) -> Path:
 
     metrics = train(config)
     report = write_report(run_dir)
-    curve = plot_runs([run_dir], run_dir / "learning_curve.png")
+    curve = plot_runs([run_dir], run_dir / "learning_curve.png", metric_keys=CURVES)
 
     before, after = metrics[0], metrics[-1]
     minutes = (time.perf_counter() - start) / 60
     print(
-        f"\nSEED demo on {config.env.name}: {after['step']} RL steps, {minutes:.1f} min "
+        f"\n{config.algorithm.preset.upper()} demo on {config.env.name}: {after['step']} RL steps, {minutes:.1f} min "
         f"(warm start {(warmed - start) / 60:.1f} min)\n"
         f"success rate on {config.eval.num_tasks} held-out tasks (temperature {config.eval.temperature:g}):\n"
         f"  before RL (step {before['step']}): {before[SUCCESS]:6.1%}\n"

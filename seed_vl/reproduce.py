@@ -73,7 +73,7 @@ def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_mod
 def reproduce(config_path: str | None, overrides: list[str]) -> Path:
     from seed_vl.plots import plot_runs
     from seed_vl.trainer import run_dir_for, train
-    from seed_vl.warmstart import run_warmstart
+    from seed_vl.warmstart import cached_key, run_warmstart, warmstart_key
 
     cfg = load_config(config_path, overrides, schema=ReproduceConfig)
     for task, recipe in cfg.tasks.items():
@@ -84,10 +84,20 @@ def reproduce(config_path: str | None, overrides: list[str]) -> Path:
             raise ConfigError(f"methods: unknown preset '{method}'")
 
     started = time.perf_counter()
-    # One warm-started base for every task, method and seed: the first recipe's warm start, kept in the
-    # reproduction's own directory so that a demo with other settings cannot replace it.
-    first = load_config(next(iter(cfg.tasks.values())), cfg.overrides)
-    first.warmstart.out_dir = str(Path(cfg.output_dir) / "warmstart")
+    # One warm-started base for every task, method and seed: the first recipe's warm start over every task's
+    # environment, kept in the reproduction's own directory so that a demo cannot replace it.
+    envs = [load_config(recipe, cfg.overrides).env.name for recipe in cfg.tasks.values()]
+    first = load_config(next(iter(cfg.tasks.values())), [
+        *cfg.overrides,
+        f"warmstart.envs=[{', '.join(envs)}]",
+        f"warmstart.out_dir={Path(cfg.output_dir) / 'warmstart'}",
+    ])
+    finished = [d for d in Path(cfg.output_dir).glob("*/checkpoints") if list_checkpoints(d)]
+    if finished and cached_key(Path(first.warmstart.out_dir)) != warmstart_key(first):
+        raise ConfigError(
+            f"{cfg.output_dir}: its finished runs started from a warm start that the current code or settings "
+            "would rebuild; remove the directory (or set output_dir) to start over"
+        )
     base_model = str(run_warmstart(first))
     results: list[RunResult] = []
     for task in cfg.tasks:

@@ -68,7 +68,7 @@ def run_warmstart(config: Config) -> Path:
     out_dir = Path(ws.out_dir)
     base = ensure_base_model(config)
     settings = warmstart_settings(config)
-    key = _digest(json.dumps(settings, sort_keys=True), _weights_digest(base), source_digest())
+    key = warmstart_key(config)
     if cached_key(out_dir) == key:
         print(f"[seed-vl] warm start: reusing {out_dir / MODEL_DIR}", file=sys.stderr)
         return out_dir / MODEL_DIR
@@ -123,7 +123,7 @@ def warmstart_examples(
         for index, env in enumerate(envs):
             turns = demonstration_examples(
                 env,
-                ws.demonstrations,
+                ws.demonstrations_for(env.name),
                 seed=env.train_seed_start,
                 history_window=config.rollout.history_window,
                 image_settings=images,
@@ -180,6 +180,13 @@ def warmstart_settings(config: Config) -> dict[str, Any]:
         "sft": fields(config.sft, "max_length"),
         "version": seed_vl.__version__,
     }
+
+
+def warmstart_key(config: Config) -> str:
+    """What a finished warm start must match to be reused: settings, base weights and package source."""
+    base = ensure_base_model(config)
+    settings = json.dumps(warmstart_settings(config), sort_keys=True)
+    return _digest(settings, _weights_digest(base), source_digest())
 
 
 def cached_key(out_dir: Path) -> str | None:

@@ -37,6 +37,8 @@ def test_recipe_and_overrides_resolve_into_typed_config(tmp_path):
         ("rollout: [1, 2\n", [], "not valid YAML"),
         ("- 1\n- 2\n", [], "must hold a mapping"),
         ("", ["model.min_pixels=1000000", "model.max_pixels=5000"], "min_pixels must not exceed max_pixels"),
+        ("", ["warmstart.demonstrations={sokoban_visual: 10}"], "warmstart: demonstrations"),
+        ("", ["warmstart.demonstrations=0"], "warmstart: demonstrations"),
     ],
 )
 def test_bad_recipes_name_the_key(tmp_path, recipe, overrides, named):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import noise_frame, user_context
 from PIL import Image
 
 from seed_vl.policy import Policy
@@ -13,17 +14,8 @@ from seed_vl.policy import Policy
 TOL = 1e-5
 
 
-def _frame(seed: int, size: int = 84) -> Image.Image:
-    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
-    return Image.fromarray(pixels)
-
-
-def _context(text: str, *images: Image.Image) -> list[dict]:
-    content = [{"type": "image", "image": image} for image in images] + [{"type": "text", "text": text}]
-    return [
-        {"role": "system", "content": "You are solving the Sokoban puzzle."},
-        {"role": "user", "content": content},
-    ]
+def _sokoban_context(text: str, *images: Image.Image) -> list[dict]:
+    return user_context(text, *images, system="You are solving the Sokoban puzzle.")
 
 
 def _text_context(text: str) -> list[dict]:
@@ -68,9 +60,9 @@ def test_properties(vl_policy, text_policy):
 @pytest.mark.parametrize("policy_name", ["vl_policy", "text_policy"])
 def test_generate_is_seeded_per_sample(request, policy_name):
     policy: Policy = request.getfixturevalue(policy_name)
-    frames = [_frame(1), _frame(2)] if policy.is_vision else []
+    frames = [noise_frame(1), noise_frame(2)] if policy.is_vision else []
     contexts = [
-        _context("Move the box.", *frames) if frames else _text_context("Move the box."),
+        _sokoban_context("Move the box.", *frames) if frames else _text_context("Move the box."),
         _text_context("Which way is the target?"),
         _text_context("go north"),
     ]
@@ -88,7 +80,7 @@ def test_generate_is_seeded_per_sample(request, policy_name):
 
 
 def test_greedy_ignores_seeds_and_matches_hf_generate(vl_policy):
-    context = _context("Move the box.", _frame(3))
+    context = _sokoban_context("Move the box.", noise_frame(3))
     a = vl_policy.generate([context], max_new_tokens=6, temperature=0.0, seeds=[1], stop_strings=())
     b = vl_policy.generate([context, _text_context("hi")], max_new_tokens=6, temperature=0.0, seeds=[2, 3])
     assert a[0].token_ids == b[0].token_ids[: len(a[0].token_ids)]
@@ -134,11 +126,11 @@ def test_generation_excludes_eos(tiny_text_path):
 @pytest.mark.parametrize("policy_name", ["vl_policy", "text_policy"])
 def test_score_matches_the_plain_forward(request, policy_name):
     policy: Policy = request.getfixturevalue(policy_name)
-    frames = [_frame(4), _frame(5, 112), _frame(6, 56)]
+    frames = [noise_frame(4), noise_frame(5, 112), noise_frame(6, 56)]
     contexts = [
-        _context("Two frames.", frames[0], frames[1]) if policy.is_vision else _text_context("Two frames."),
+        _sokoban_context("Two frames.", frames[0], frames[1]) if policy.is_vision else _text_context("Two frames."),
         _text_context("A much longer text-only prompt about the box, the wall and the target. " * 3),
-        _context("One frame.", frames[2]) if policy.is_vision else _text_context("One frame."),
+        _sokoban_context("One frame.", frames[2]) if policy.is_vision else _text_context("One frame."),
     ]
     generator = torch.Generator().manual_seed(0)
     responses = [torch.randint(8, 600, (n,), generator=generator).tolist() for n in (5, 1, 9)]
@@ -179,7 +171,7 @@ def test_empty_response_scores_to_an_empty_tensor(text_policy):
 
 def test_bad_inputs_are_clear_errors(vl_policy, text_policy, tmp_path):
     with pytest.raises(ValueError, match=r"contexts\[0\] holds an image but the model is text-only"):
-        text_policy.generate([_context("look", _frame(1))], max_new_tokens=2)
+        text_policy.generate([_sokoban_context("look", noise_frame(1))], max_new_tokens=2)
     with pytest.raises(ValueError, match=r"contexts\[1\]: an image item needs a PIL.Image"):
         vl_policy.score(
             [_text_context("a"), [{"role": "user", "content": [{"type": "image", "image": "frame.png"}]}]],
@@ -200,5 +192,5 @@ def test_pixel_limits_reach_the_image_processor(tiny_vl_path):
     policy = Policy.from_pretrained(tiny_vl_path, device="cpu", min_pixels=28 * 28, max_pixels=56 * 56)
     size = policy.processor.image_processor.size
     assert (size.shortest_edge, size.longest_edge) == (28 * 28, 56 * 56)
-    out = policy.processor.image_processor(_frame(1, 112), return_tensors="pt")
+    out = policy.processor.image_processor(noise_frame(1, 112), return_tensors="pt")
     assert out["image_grid_thw"].tolist() == [[1, 4, 4]]  # 112x112 downscaled to 56x56

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from seed_vl.config import ConfigError
 from seed_vl.reproduce import reproduce
 
 
@@ -41,4 +44,13 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
         f"output_dir={tmp_path / 'runs'}", f"results={tmp_path / 'RESULTS.md'}",
         f"figures_dir={tmp_path / 'figures'}",
     ])
+    assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime
+
+    # Other warm-start settings would rebuild the shared base under the finished runs: refused, nothing lost.
+    with pytest.raises(ConfigError, match="finished runs started from a warm start"):
+        reproduce(None, [
+            f"overrides={json.dumps([*run_overrides, 'warmstart.seed=1'])}", "methods=[grpo, seed]",
+            "seeds=[0, 1]", f"output_dir={tmp_path / 'runs'}", f"results={tmp_path / 'RESULTS.md'}",
+            f"figures_dir={tmp_path / 'figures'}",
+        ])
     assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime

@@ -3,9 +3,9 @@ over one update step (rollout, old policy, skill teacher, reference, student gra
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from helpers import noise_frame, user_context
 from PIL import Image
 
 from seed_vl.policy import Policy
@@ -13,16 +13,6 @@ from seed_vl.tiny_model import build_tiny_model
 from seed_vl.vision_cache import VisionCache, image_key
 
 TOL = 1e-5
-
-
-def _frame(seed: int, size: int = 84) -> Image.Image:
-    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
-    return Image.fromarray(pixels)
-
-
-def _context(text: str, *images: Image.Image) -> list[dict]:
-    content = [{"type": "image", "image": image} for image in images] + [{"type": "text", "text": text}]
-    return [{"role": "user", "content": content}]
 
 
 def _with_skill(context: list[dict]) -> list[dict]:
@@ -53,7 +43,7 @@ def model_paths(tiny_vl_path, tmp_path_factory) -> dict[str, str]:
 
 
 def test_image_key_hashes_content_and_settings():
-    frame = _frame(0)
+    frame = noise_frame(0)
     assert image_key(frame, "s") == image_key(frame.copy(), "s")
     changed = frame.copy()
     changed.putpixel((5, 5), (0, 0, 0) if frame.getpixel((5, 5)) != (0, 0, 0) else (1, 1, 1))
@@ -70,12 +60,12 @@ def test_image_key_hashes_content_and_settings():
 def test_cached_scores_equal_the_plain_forward(model_paths, arch):
     cached = Policy.from_pretrained(model_paths[arch], device="cpu")
     plain = Policy(cached.model, cached.processor, vision_cache_max_entries=0)
-    a, b, c = _frame(1), _frame(2, 112), _frame(3, 56)
+    a, b, c = noise_frame(1), noise_frame(2, 112), noise_frame(3, 56)
     contexts = [
-        _context("History and current frame.", a, b, c),
+        user_context("History and current frame.", a, b, c),
         [{"role": "user", "content": "A text-only sample in the same batch, longer than the others."}],
-        _context("Same frames, other order.", c, a),
-        _context("One repeated frame twice.", b, b),
+        user_context("Same frames, other order.", c, a),
+        user_context("One repeated frame twice.", b, b),
         [{"role": "user", "content": "Text only."}],
         [{"role": "user", "content": "A micro-batch without any image."}],
     ]
@@ -89,7 +79,7 @@ def test_cached_scores_equal_the_plain_forward(model_paths, arch):
     assert cached.cache.stats() == {"images_seen": 14, "encoder_calls": 3, "hits": 11}
     assert plain.cache.stats() == {"images_seen": 7, "encoder_calls": 7, "hits": 0}
     # The features matter: a wrong frame would not go unnoticed at this tolerance.
-    swapped = cached.score([_context("History and current frame.", b, a, c)], responses[:1])
+    swapped = cached.score([user_context("History and current frame.", b, a, c)], responses[:1])
     assert (swapped.logprobs[0] - reference.logprobs[0]).abs().max() > 100 * TOL
 
     seeds = [1, 2, 3, 4, 5, 6]
@@ -101,11 +91,11 @@ def test_cached_scores_equal_the_plain_forward(model_paths, arch):
 def test_one_update_step_encodes_each_unique_frame_once(tiny_vl_path):
     policy = Policy.from_pretrained(tiny_vl_path, device="cpu")
     reference = Policy.from_pretrained(tiny_vl_path, device="cpu", vision_cache=policy.cache)
-    frame0, frame1 = _frame(10), _frame(11)
+    frame0, frame1 = noise_frame(10), noise_frame(11)
     ordinary = [
-        _context("step 0", frame0),
-        _context("step 1", frame0, frame1),
-        _context("step 2", frame1, frame0),
+        user_context("step 0", frame0),
+        user_context("step 1", frame0, frame1),
+        user_context("step 2", frame1, frame0),
     ]
     paired = ordinary + [_with_skill(c) for c in ordinary]
     responses = _responses(3)
@@ -138,8 +128,8 @@ def test_trainable_tower_shares_no_grad_encodings_and_encodes_the_gradient_pass(
     policy = Policy.from_pretrained(tiny_vl_path, device="cpu", freeze_vision_tower=False)
     tower = policy.model.model.visual
     assert all(p.requires_grad for p in tower.parameters())
-    frame0, frame1 = _frame(20), _frame(21)
-    ordinary = [_context("a", frame0, frame1), _context("b", frame1), _context("c", frame0)]
+    frame0, frame1 = noise_frame(20), noise_frame(21)
+    ordinary = [user_context("a", frame0, frame1), user_context("b", frame1), user_context("c", frame0)]
     responses = _responses(3, seed=1)
 
     old_and_teacher = policy.score(ordinary + [_with_skill(c) for c in ordinary], responses + responses)
@@ -157,7 +147,7 @@ def test_trainable_tower_shares_no_grad_encodings_and_encodes_the_gradient_pass(
 def test_stale_entries_are_dropped_when_the_weights_change(tiny_vl_path):
     policy = Policy.from_pretrained(tiny_vl_path, device="cpu")
     plain = Policy(policy.model, policy.processor, vision_cache_max_entries=0)
-    contexts, responses = [_context("a", _frame(30), _frame(31))], _responses(1, seed=2)
+    contexts, responses = [user_context("a", noise_frame(30), noise_frame(31))], _responses(1, seed=2)
     before = policy.score(contexts, responses).logprobs
     with torch.no_grad():
         weight = policy.model.model.visual.patch_embed.proj.weight
@@ -172,10 +162,10 @@ def test_stale_entries_are_dropped_when_the_weights_change(tiny_vl_path):
 
 def test_cache_is_bounded_least_recently_used_first(tiny_vl_path):
     policy = Policy.from_pretrained(tiny_vl_path, device="cpu", vision_cache_max_entries=2)
-    frames = [_frame(40 + i) for i in range(3)]
+    frames = [noise_frame(40 + i) for i in range(3)]
     responses = _responses(1)
     for frame in [frames[0], frames[1], frames[0], frames[2], frames[0], frames[1]]:
-        policy.score([_context("x", frame)], responses)
+        policy.score([user_context("x", frame)], responses)
         assert len(policy.cache) <= 2
     # frame 1 was the least recently used when frame 2 arrived, so it is encoded twice; frame 0 once.
     assert policy.cache.stats() == {"images_seen": 6, "encoder_calls": 4, "hits": 2}

@@ -120,6 +120,19 @@ def test_a_text_warm_start_builds_and_trains_the_text_model(tmp_path):
     assert summary["examples"]["analyzer_pairs"] == 2 * 2
 
 
+def test_demonstration_counts_can_differ_per_environment(tmp_path):
+    per_env = tiny_budget(
+        tmp_path, "warmstart.demonstrations={sokoban_visual: 1, ezpoints_visual: 3}", "warmstart.analyzer_episodes=0"
+    )
+    one_each = tiny_budget(tmp_path, "warmstart.demonstrations=1", "warmstart.analyzer_episodes=0")
+    sokoban, ezpoints = (warmstart.env_config(per_env, name) for name in ("sokoban_visual", "ezpoints_visual"))
+
+    assert len(warmstart.warmstart_examples(per_env, [ezpoints], None)[0]) == 3 * 4  # card, operator, card, '='
+    assert warmstart.warmstart_examples(per_env, [sokoban], None) == warmstart.warmstart_examples(
+        one_each, [sokoban], None
+    )
+
+
 def test_analyzer_pairs_hold_both_workflow_skills_and_avoidance_rules(tmp_path):
     config = tiny_budget(tmp_path, "env.max_steps=15")
     env = warmstart.env_config(config, "sokoban_visual")
