@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+import math
 import re
 import textwrap
 from collections import Counter
@@ -344,3 +345,48 @@ def write_report(
     title = f"{run_dir.name} · step {step} · {records[0].get('env_name', '?')}"
     atomic_write_text(out, render_report(shown, frames, title=title, summary=summary, gif_links=gif_links))
     return out
+
+
+# ------------------------------------------------------------------------------------------ gate statistics
+ACTION_SPAN = re.compile(r"<action>(.*?)</action>", re.DOTALL)
+
+
+def gate_statistics(run_dir: str | Path, beta: float) -> dict[str, dict[str, float]]:
+    """Gates of every saved step of a run, split into the move tokens (inside `<action>...</action>`) and the
+    rest, the move tokens also by episode outcome: count, mean gate, share open (> 0.5) and the mean
+    teacher-student log-prob gap `logit(g) / beta` (nats). Where the skill changes nothing, gates sit at 0.5."""
+    groups: dict[str, list[float]] = {"move": [], "other": [], "move, won": [], "move, lost": []}
+    for step_dir in trajectory_steps(run_dir).values():
+        for record in read_trajectories(step_dir / "trajectories.jsonl"):
+            outcome = "won" if record["won"] else "lost"
+            for turn in record["turns"]:
+                if turn.get("gates") is None:
+                    continue
+                for is_move, gate in zip(_move_token_mask(turn), turn["gates"], strict=True):
+                    groups["move" if is_move else "other"].append(gate)
+                    if is_move:
+                        groups[f"move, {outcome}"].append(gate)
+    eps = 1e-6
+    return {
+        name: {
+            "tokens": len(gates),
+            "gate_mean": sum(gates) / len(gates),
+            "open_frac": sum(g > 0.5 for g in gates) / len(gates),
+            "gap_nats": sum(math.log((g + eps) / (1 - g + eps)) for g in gates) / (beta * len(gates)),
+        }
+        for name, gates in groups.items()
+        if gates
+    }
+
+
+def _move_token_mask(turn: dict[str, Any]) -> list[bool]:
+    """Which response tokens overlap the text of the action (decoded tokens concatenate to the response)."""
+    tokens = _response_tokens(turn)
+    match = ACTION_SPAN.search("".join(tokens))
+    if match is None:
+        return [False] * len(tokens)
+    mask, offset = [], 0
+    for token in tokens:
+        mask.append(offset < match.end(1) and offset + len(token) > match.start(1))
+        offset += len(token)
+    return mask

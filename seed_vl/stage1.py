@@ -28,7 +28,7 @@ from PIL import Image
 
 from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyzer
 from seed_vl.checkpoint import TrainerState, save_checkpoint
-from seed_vl.config import Config, ConfigError, EnvConfig, ModelConfig, save_config
+from seed_vl.config import Config, ConfigError, EnvConfig, save_config
 from seed_vl.demonstrations import play_demonstrations
 from seed_vl.envs.group import EnvGroup
 from seed_vl.io import atomic_directory, atomic_write_text
@@ -51,7 +51,7 @@ def collect(config: Config) -> Path:
     time (the batch size stage 2 is sized for), label them and write the dataset to `collect.out_dir`
     (replaced as a whole once complete: an interrupted collect leaves no partial dataset behind)."""
     c = config.collect
-    policy = load_policy(config.model, seed=config.train.seed)
+    policy = Policy.from_config(config.model, seed=config.train.seed)
     analyzer = make_analyzer(config.analyzer, config.env, policy=policy, seed=config.train.seed)
     r = config.rollout
     sampling = SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.history_window)
@@ -130,7 +130,7 @@ def sft(config: Config) -> Path:
             "sft.data: nothing to train on (give dataset directories or sft.demonstrations > 0)"
         )
     datasets = {directory: load_analysis_examples(directory) for directory in s.data}  # before the model
-    policy = load_policy(config.model, seed=config.train.seed)
+    policy = Policy.from_config(config.model, seed=config.train.seed)
     for directory, pairs in datasets.items():
         if not policy.is_vision and any(_has_images(e.context) for e in pairs):
             raise ConfigError(
@@ -306,12 +306,3 @@ def demonstration_examples(
         for episode in episodes
         for turn in episode.turns
     ]
-
-
-# ------------------------------------------------------------------------------------------------ helpers
-def load_policy(model: ModelConfig, seed: int = 0) -> Policy:
-    return Policy.from_config(model, seed=seed)
-
-
-def image_settings(policy: Policy, model: ModelConfig) -> ImageSettings | None:
-    return policy.image_settings

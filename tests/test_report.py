@@ -21,7 +21,13 @@ from seed_vl.envs.registry import make_env
 from seed_vl.envs.sokoban import solve
 from seed_vl.processors.messages import HistoryTurn, build_messages
 from seed_vl.processors.parsing import parse_action
-from seed_vl.report import write_report
+from seed_vl.report import (
+    _move_token_mask,
+    gate_statistics,
+    read_trajectories,
+    trajectory_steps,
+    write_report,
+)
 from seed_vl.rollout import save_trajectories
 from seed_vl.trajectory import Trajectory, Turn
 
@@ -282,3 +288,29 @@ def test_bad_run_directories_give_one_line_errors(visual_run, tmp_path):
     )
     assert cli.returncode == 2
     assert cli.stderr.strip().count("\n") == 0 and "step 7" in cli.stderr
+
+
+def test_gate_statistics_split_move_tokens_from_the_rest(visual_run):
+    run_dir, written = visual_run
+    beta = 5.0
+    stats = gate_statistics(run_dir, beta=beta)
+
+    move, other = [], []
+    for step_dir in trajectory_steps(run_dir).values():
+        for record in read_trajectories(step_dir / "trajectories.jsonl"):
+            for turn in record["turns"]:
+                if turn["gates"] is None:
+                    continue
+                mask = _move_token_mask(turn)
+                moved = "".join(t for t, m in zip(turn["response_tokens"], mask, strict=True) if m)
+                if turn["action"] is not None:  # a parsed action: the move tokens spell it, and little more
+                    assert turn["action"] in moved.lower() and len(moved) < len(turn["action"]) + 4
+                move += [g for g, m in zip(turn["gates"], mask, strict=True) if m]
+                other += [g for g, m in zip(turn["gates"], mask, strict=True) if not m]
+    gated = [g for trajectories in written.values() for t in trajectories for turn in t.turns for g in turn.gates or ()]
+    assert sorted(move + other) == sorted(gated)
+    assert stats["move"]["tokens"] == len(move) and stats["other"]["tokens"] == len(other)
+    assert stats["move, won"]["tokens"] + stats["move, lost"]["tokens"] == len(move)
+    assert stats["move"]["gate_mean"] == pytest.approx(np.mean(move))
+    assert stats["other"]["open_frac"] == pytest.approx(np.mean(np.array(other) > 0.5))
+    assert stats["move"]["gap_nats"] == pytest.approx(np.mean(np.log(np.array(move) / (1 - np.array(move)))) / beta, rel=1e-3)
