@@ -1,8 +1,8 @@
 """One full update step with `seed` and with `grpo` on the same batch of tiny-model rollouts.
 
     python benchmarks/bench_step.py [--json] [--tasks 8] [--group 4]
-    python benchmarks/bench_step.py --model runs/reproduce/warmstart/model --max-new-tokens 32 \
-        --analyzer-max-new-tokens 160     # a warm-started model: real answers and real skills
+    python benchmarks/bench_step.py --config configs/tiny/sokoban_visual.yaml   # the demo's warm-started model:
+                                                                              # real answers and real skills
 
 Visual Sokoban, 8 tasks x group 4 by default. Both presets start from the same weights and learn from the
 same trajectories (collected once); each phase's seconds are reported and the SEED/GRPO step-time ratio,
@@ -32,28 +32,30 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--model", help="model directory (default: build the tiny model in a temp dir)")
-    parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--analyzer-max-new-tokens", type=int, default=48,
-                        help="160 for a warm-started model, whose analyzer JSON is 65-125 tokens")
+    parser.add_argument("--config", help="a recipe whose environment, rollout and analyzer settings to use "
+                        "(e.g. configs/tiny/sokoban_visual.yaml, with its warm-started model)")
+    parser.add_argument("--model", help="model directory (default: the recipe's, else the untrained tiny model)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or str(build_tiny_model(os.path.join(tmp, "tiny"), seed=0))
         overrides = [
-            f"model.path={model}", "model.device=cpu", "env.name=sokoban_visual", "env.cell_px=28",
-            f"rollout.num_tasks={args.tasks}", f"rollout.group_size={args.group}",
-            f"rollout.max_new_tokens={args.max_new_tokens}", "analyzer.backend=self",
-            f"analyzer.max_new_tokens={args.analyzer_max_new_tokens}",
-            "train.steps=1", "eval.num_tasks=1", "logging.progress=false", f"train.output_dir={tmp}/runs",
-            "train.mini_batch_size=64", "train.micro_batch_size=16",
+            "model.device=cpu", f"rollout.num_tasks={args.tasks}", f"rollout.group_size={args.group}",
+            "analyzer.backend=self", "train.steps=1", "eval.num_tasks=1", "logging.progress=false",
+            f"train.output_dir={tmp}/runs", "train.mini_batch_size=64", "train.micro_batch_size=16",
         ]
+        if args.config is None:  # the untrained tiny model: short generations, as nothing it writes parses
+            overrides += ["env.name=sokoban_visual", "env.cell_px=28", "rollout.max_new_tokens=24",
+                          "analyzer.max_new_tokens=48"]
+        if args.model or args.config is None:
+            model = args.model or str(build_tiny_model(os.path.join(tmp, "tiny"), seed=0))
+            overrides.append(f"model.path={model}")
         results = {}
         trajectories = None
         for preset in ("grpo", "seed"):
-            trainer = Trainer(load_config(None, [*overrides, f"algorithm.preset={preset}", f"train.run_name={preset}"]))
+            config = load_config(args.config, [*overrides, f"algorithm.preset={preset}", f"train.run_name={preset}"])
+            trainer = Trainer(config)
             if trajectories is None:
                 trajectories = trainer.rollout(step=1)
                 rollout_seconds = trainer._timings["time/rollout"]
