@@ -137,6 +137,14 @@ def _mean_std(values: list[float]) -> str:
     return f"{100 * statistics.fmean(values):.1f} ± {100 * std:.1f}"
 
 
+def _method_table_header(tasks: list[str]) -> list[str]:
+    return ["| Method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+
+
+def _method_name(method: str) -> str:
+    return "GRPO+OPSD" if method == "opsd" else method.upper()
+
+
 def write_results(
     cfg: ReproduceConfig,
     results: list[RunResult],
@@ -162,23 +170,21 @@ def write_results(
         "",
         "## Final success rate (%, mean ± std over seeds)",
         "",
-        "| Method | " + " | ".join(tasks) + " |",
-        "|---|" + "---|" * len(tasks),
+        *_method_table_header(tasks),
     ]
     for m in methods:
         cells = [_mean_std([r.final("eval/success_rate") for r in by[(t, m)]]) for t in tasks]
-        lines.append(f"| {m.upper() if m != 'opsd' else 'GRPO+OPSD'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_method_name(m)} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Mean over each run's evaluations after step 0 (less noisy than the final one alone):",
         "",
-        "| Method | " + " | ".join(tasks) + " |",
-        "|---|" + "---|" * len(tasks),
+        *_method_table_header(tasks),
     ]
     for m in methods:
         cells = [_mean_std([statistics.fmean(v for _, v in r.curve("eval/success_rate")[1:] or [(0, math.nan)])
                             for r in by[(t, m)]]) for t in tasks]
-        lines.append(f"| {m.upper() if m != 'opsd' else 'GRPO+OPSD'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_method_name(m)} | " + " | ".join(cells) + " |")
     base = {t: [r.records[0].get("eval/success_rate", math.nan) for r in results if r.task == t] for t in tasks}
     lines += ["", "Base policy (step-0 evaluation, before RL): " + ", ".join(
         f"{t} {_mean_std(base[t])}" for t in tasks
@@ -190,8 +196,7 @@ def write_results(
         "First evaluation at which the seed-mean success reaches the seed-mean final success of GRPO "
         "(environment steps, seed-mean; `never` if not reached within the budget).",
         "",
-        "| Method | " + " | ".join(tasks) + " |",
-        "|---|" + "---|" * len(tasks),
+        *_method_table_header(tasks),
     ]
     grpo_final = {
         t: statistics.fmean(r.final("eval/success_rate") for r in by[(t, "grpo")]) if by.get((t, "grpo")) else None
