@@ -22,7 +22,7 @@ from seed_vl.io import atomic_write_text, read_jsonl
 
 
 class ReproduceConfig(Section):
-    tasks: dict[str, str] = {  # label -> tiny training recipe (the first one's warm start is the shared base)
+    tasks: dict[str, str] = {  # label -> tiny recipe; the first one's warm start, over every task, is the base
         "Sokoban": "configs/tiny/sokoban_visual.yaml",
         "EZPoints": "configs/tiny/ezpoints_visual.yaml",
     }
@@ -52,6 +52,11 @@ class RunResult:
 
     def mean(self, key: str) -> float:
         values = [r[key] for r in self.records if key in r]
+        return statistics.fmean(values) if values else math.nan
+
+    def mean_after_start(self, key: str) -> float:
+        """Mean of `key` over the evaluations after the step-0 one (nan: none)."""
+        values = [value for _, value in self.curve(key)[1:]]
         return statistics.fmean(values) if values else math.nan
 
 
@@ -182,8 +187,7 @@ def write_results(
         *_method_table_header(tasks),
     ]
     for m in methods:
-        cells = [_mean_std([statistics.fmean(v for _, v in r.curve("eval/success_rate")[1:] or [(0, math.nan)])
-                            for r in by[(t, m)]]) for t in tasks]
+        cells = [_mean_std([r.mean_after_start("eval/success_rate") for r in by[(t, m)]]) for t in tasks]
         lines.append(f"| {_method_name(m)} | " + " | ".join(cells) + " |")
     base = {t: [r.records[0].get("eval/success_rate", math.nan) for r in results if r.task == t] for t in tasks}
     lines += ["", "Base policy (step-0 evaluation, before RL): " + ", ".join(
@@ -240,7 +244,7 @@ def write_results(
     previous = out.read_text() if out.is_file() else ""
     findings = previous.split("<!-- findings -->", 1)[1].strip() if "<!-- findings -->" in previous else ""
     text = "\n".join(lines).replace("<!-- findings -->", "<!-- findings -->\n" + findings if findings else "<!-- findings -->")
-    atomic_write_text(out, text + "\n")
+    atomic_write_text(out, text.rstrip("\n") + "\n")
     atomic_write_text(out.with_suffix(".json"), json.dumps(
         [{"task": r.task, "method": r.method, "seed": r.seed, "final_success": r.final("eval/success_rate"),
           "env_steps": r.final("env_steps"), "run_dir": str(r.run_dir)} for r in results], indent=1))

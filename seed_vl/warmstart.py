@@ -66,12 +66,11 @@ def run_warmstart(config: Config) -> Path:
     (the untrained tiny model first, when `warmstart.base_model` is missing)."""
     ws = config.warmstart
     out_dir = Path(ws.out_dir)
-    base = ensure_base_model(config)
-    settings = warmstart_settings(config)
-    key = warmstart_key(config)
+    key = warmstart_key(config)  # builds the base model when missing
     if cached_key(out_dir) == key:
         print(f"[seed-vl] warm start: reusing {out_dir / MODEL_DIR}", file=sys.stderr)
         return out_dir / MODEL_DIR
+    base, settings = Path(ws.base_model), warmstart_settings(config)
 
     start = time.perf_counter()
     model = config.model.model_copy(update={"freeze_vision_tower": not ws.train_vision_tower})

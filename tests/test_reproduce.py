@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from seed_vl.config import ConfigError
-from seed_vl.reproduce import reproduce
+from seed_vl.reproduce import ReproduceConfig, RunResult, reproduce, write_results
 
 
 def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
@@ -54,3 +55,30 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
             f"figures_dir={tmp_path / 'figures'}",
         ])
     assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime
+
+
+def _run(task: str, method: str, seed: int, curve: list[tuple[int, float]]) -> RunResult:
+    """A run whose metrics hold these (env steps, held-out success) evaluations, the first at step 0."""
+    records = [{"step": k, "env_steps": steps, "eval/success_rate": value} for k, (steps, value) in enumerate(curve)]
+    records[0].pop("env_steps")
+    return RunResult(task, method, seed, Path(f"runs/{task}-{method}-{seed}"), records)
+
+
+def test_results_table_reach_steps_and_a_grpo_that_never_beat_the_base(tmp_path):
+    cfg = ReproduceConfig(tasks={"Up": "a.yaml", "Flat": "b.yaml"}, methods=["grpo", "seed"], seeds=[0, 1])
+    results = []
+    for seed in (0, 1):
+        results += [
+            _run("Up", "grpo", seed, [(0, 0.2), (100, 0.3), (200, 0.4)]),
+            _run("Up", "seed", seed, [(0, 0.2), (100, 0.4), (200, 0.5)]),
+            _run("Flat", "grpo", seed, [(0, 0.5), (100, 0.4), (200, 0.5)]),
+            _run("Flat", "seed", seed, [(0, 0.5), (100, 0.6), (200, 0.6)]),
+        ]
+    out = tmp_path / "RESULTS.md"
+    write_results(cfg, results, out, 1.0, None, [])
+    text = out.read_text()
+
+    assert "| grpo | 200 of 200 | base already there |" in text
+    assert "| seed | 100 of 200 | base already there |" in text  # SEED reached GRPO's final 0.4 at 100 steps
+    assert "`base already there`: GRPO's final success is not above the base policy's" in text
+    assert "| SEED | 45.0 ± 0.0 | 60.0 ± 0.0 |" in text  # the mean over evaluations after step 0
