@@ -1,9 +1,12 @@
 """Checkpoints: written atomically (temporary directory, then one rename), the last M kept.
 
 A checkpoint directory `checkpoints/step_000010/` holds
-  model/            the policy in ordinary Hugging Face format (safetensors + processor), loadable by from_pretrained
-  optimizer.pt      optimizer and scheduler state
-  rng.pt            Python, NumPy and torch (CPU + CUDA) RNG states, plus any named generator states
+  model/            the policy for users: Hugging Face format in the compute dtype (safetensors + processor),
+                    loadable by from_pretrained; under LoRA the adapters (`seed-vl export` merges them)
+  training_state/   float32 trainable weights and optimizer state (torch.distributed.checkpoint: one shard
+                    per process under FSDP2), what a resume continues from
+  scheduler.pt      learning-rate scheduler state
+  rng.pt            Python, NumPy and torch (CPU + CUDA) RNG states
   trainer.json      the step, counters and the metrics so far
   config.yaml       the resolved config, secrets redacted
 """
@@ -23,9 +26,12 @@ import torch
 from pydantic import BaseModel
 
 from seed_vl.config import ConfigError, save_config
-from seed_vl.io import atomic_directory
+from seed_vl.distributed import Runtime
+from seed_vl.io import replace_directory
+from seed_vl.policy import Policy
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+MODEL_DIR, TRAINING_STATE = "model", "training_state"
 
 
 @dataclass
@@ -54,32 +60,47 @@ def save_checkpoint(
     checkpoints_dir: str | Path,
     *,
     step: int,
-    save_model,  # callable(directory) that writes the model + processor in HF format
-    optimizer: torch.optim.Optimizer | None,
+    runtime: Runtime,
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
     scheduler: Any | None,
     config: BaseModel,
     state: TrainerState,
     keep_last: int,
 ) -> Path:
-    """Write `checkpoints_dir/step_{step}` atomically, then prune to the newest `keep_last`."""
+    """Write `checkpoints_dir/step_{step}` atomically (every process takes part), then prune to the newest
+    `keep_last`."""
     target = Path(checkpoints_dir) / f"step_{step:06d}"
-    with atomic_directory(target) as tmp:
-        save_model(tmp / "model")
-        torch.save(
-            {
-                "optimizer": optimizer.state_dict() if optimizer is not None else None,
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            },
-            tmp / "optimizer.pt",
-        )
+    model_state = runtime.model_state_for_export()  # a collective under FSDP2
+    tmp = target.with_name(f".{target.name}.tmp")
+    if runtime.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    runtime.wait_for_everyone()
+    runtime.save_training_state(tmp / TRAINING_STATE, optimizer)
+    if runtime.is_main:
+        policy.save_pretrained(tmp / MODEL_DIR, state_dict=model_state)
+        torch.save(scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt")
         torch.save(capture_rng_state(), tmp / "rng.pt")
         (tmp / "trainer.json").write_text(
             json.dumps({"step": step, "metrics": state.metrics, "counters": state.counters}, indent=1)
         )
         save_config(config, tmp / "config.yaml")
-    for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        replace_directory(tmp, target)
+        for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    runtime.wait_for_everyone()
     return target
+
+
+def load_checkpoint(checkpoint: Path, runtime: Runtime, optimizer, scheduler: Any | None) -> TrainerState:
+    """Restore weights, optimizer, scheduler and RNG states in place; return the trainer state."""
+    runtime.load_training_state(checkpoint / TRAINING_STATE, optimizer)
+    blob = torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False)
+    if scheduler is not None and blob is not None:
+        scheduler.load_state_dict(blob)
+    restore_rng_state(torch.load(checkpoint / "rng.pt", map_location="cpu", weights_only=False))
+    return load_trainer_state(checkpoint)
 
 
 def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
@@ -100,21 +121,9 @@ def resolve_resume(path: str | Path) -> Path:
         found = list_checkpoints(candidate)
         if found:
             return found[-1]
-    raise ConfigError(f"--resume: no checkpoint found in {path}")
+    raise ConfigError(f"{path}: no checkpoint found (expected a checkpoint, its checkpoints/ folder or a run directory)")
 
 
 def load_trainer_state(checkpoint: Path) -> TrainerState:
     data = json.loads((checkpoint / "trainer.json").read_text())
     return TrainerState(step=int(data["step"]), metrics=data["metrics"], counters=data["counters"])
-
-
-def load_optimizer_state(checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any | None) -> None:
-    blob = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False)
-    if blob["optimizer"] is not None:
-        optimizer.load_state_dict(blob["optimizer"])
-    if scheduler is not None and blob["scheduler"] is not None:
-        scheduler.load_state_dict(blob["scheduler"])
-
-
-def load_rng_state(checkpoint: Path) -> None:
-    restore_rng_state(torch.load(checkpoint / "rng.pt", map_location="cpu", weights_only=False))

@@ -36,7 +36,12 @@ def _cmd_make_tiny_model(args: argparse.Namespace) -> None:
 def _config(args: argparse.Namespace):
     from seed_vl.config import load_config
 
-    return load_config(args.config, args.overrides)
+    config = load_config(args.config, args.overrides)
+    if not config.logging.progress:  # also the Hugging Face bars (weights loading, saving)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return config
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
@@ -61,7 +66,13 @@ def _cmd_collect(args: argparse.Namespace) -> None:
 def _cmd_sft(args: argparse.Namespace) -> None:
     from seed_vl.stage1 import sft
 
-    print(f"fine-tuned model written to {sft(_config(args))}")
+    print(f"fine-tuned model written to {sft(_config(args), resume=args.resume)}")
+
+
+def _cmd_export(args: argparse.Namespace) -> None:
+    from seed_vl.export import export
+
+    print(f"model written to {export(args.checkpoint, args.out)}")
 
 
 def _cmd_warmstart(args: argparse.Namespace) -> None:
@@ -87,6 +98,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], None]]] = {
     "eval": ("success rate and return of model.path on held-out seeds", _cmd_eval),
     "collect": ("stage 1: roll out the base policy and label trajectories with an analyzer", _cmd_collect),
     "sft": ("stage 1: fine-tune on analyzer prompt -> JSON pairs (and solver demonstrations)", _cmd_sft),
+    "export": ("write a checkpoint's model as a plain HF checkpoint (LoRA adapters merged)", _cmd_export),
     "make-tiny-model": ("build the tiny Qwen-architecture model used by tests and the CPU demo", _cmd_make_tiny_model),
     "warmstart": ("the tiny model's stand-in for pretraining (cached; not part of SEED)", _cmd_warmstart),
     "demo": ("the CPU demo: warm start, then SEED on visual Sokoban with the tiny model", _cmd_demo),
@@ -104,9 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--text-only", action="store_true", help="a Qwen2 causal LM instead of Qwen2.5-VL")
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
+        elif name == "export":
+            p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory (or a run directory)")
+            p.add_argument("--out", required=True, metavar="DIR")
         else:
             _add_config_args(p)
-        if name == "train":
+        if name in ("train", "sft"):
             p.add_argument("--resume", metavar="DIR", help="a run directory or checkpoint to continue from")
     return parser
 

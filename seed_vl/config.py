@@ -28,16 +28,38 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraConfig(Section):
+    """LoRA adapters through PEFT: only the adapters train; the reference policy is the same model with its
+    adapters disabled. Targets are module names (suffixes) in the language model; a frozen vision tower
+    never gets adapters."""
+
+    r: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, targets: list[str]) -> list[str]:
+        if not targets or any(not t.strip() for t in targets):
+            raise ValueError("name one or more module names")
+        return targets
+
+
 class ModelConfig(Section):
     path: str = ".cache/tiny-vl"  # local HF checkpoint directory (no hub access at run time)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # The compute dtype. Trainable weights and optimizer state stay in float32 whatever it is; forward and
+    # backward passes run in it under autocast (a bf16 weight cannot absorb a 1e-6 step). Frozen copies
+    # (the reference policy, LoRA's base weights) are held in it. Checkpoints' model/ is saved in it.
+    dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "auto"  # "auto" = cuda when available, else cpu
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     freeze_vision_tower: bool = True
     vision_cache_max_entries: int = Field(4096, ge=0)  # 0 disables the image-embedding cache
     min_pixels: int = Field(28 * 28, ge=28 * 28)
     max_pixels: int = Field(512 * 28 * 28, ge=28 * 28)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute decoder layers in backward (update passes only)
+    lora: LoraConfig | None = None  # off by default: full fine-tuning
 
     @model_validator(mode="after")
     def _pixels_ordered(self) -> ModelConfig:

@@ -43,7 +43,7 @@ def evaluate(
 
 def run_evaluation(config) -> dict[str, float]:
     """`seed-vl eval`: evaluate `config.model.path` on `config.eval.num_tasks` held-out tasks."""
-    policy = Policy.from_config(config.model, seed=config.train.seed)
+    policy = Policy.from_config(config.model, trainable=False, seed=config.train.seed)
     group = EnvGroup(config.env, num_tasks=config.eval.num_tasks, group_size=1, split="eval")
     r = config.rollout
     sampling = SamplingSettings(r.max_new_tokens, config.eval.temperature, r.top_p, r.history_window)

@@ -44,17 +44,22 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     tmp.chmod(0o777 & ~_UMASK)
     try:
         yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        replace_directory(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def replace_directory(complete: Path, path: Path) -> None:
+    """Put the finished directory `complete` at `path`, replacing what was there."""
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(complete, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(complete, path)
 
 
 def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:

@@ -8,18 +8,29 @@ the per-token log-probs (and entropies) of given response token ids, which follo
 Vision-language models get their image features from the wrapper's `VisionCache` through the
 `mm_encoder_outputs` argument that transformers' Qwen-VL `forward` and `generate` accept, so every unique
 frame is encoded once until the weights change (`on_weights_updated`).
+
+Precision (DESIGN §5): a trainable policy keeps its weights in float32 and runs every forward under autocast
+in `compute_dtype`, so an optimizer step of 1e-6 is not rounded away; a frozen policy (the reference, or the
+base weights under LoRA) is held in `compute_dtype` itself. Gradient checkpointing, when enabled, acts in
+the passes that build a graph (`score(..., with_grad=True)`) and nowhere else; the model otherwise stays
+in eval mode, so dropout never fires.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
+from packaging.version import Version
 from PIL import Image
 from transformers import (
     AutoConfig,
@@ -36,12 +47,13 @@ from transformers import (
 )
 from transformers.utils import is_flash_attn_2_available
 
-from seed_vl.config import ConfigError, ModelConfig
+from seed_vl.config import ConfigError, LoraConfig, ModelConfig
 from seed_vl.processors.images import ImageSettings
 from seed_vl.vision_cache import ImageEncoding, ImageFeatures, VisionCache, image_key
 
 Context = list[dict[str, Any]]
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_MIN_TRANSFORMERS = Version("5.18")  # the first Qwen-VL forward with `mm_encoder_outputs` (pyproject.toml)
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 
 
@@ -83,14 +95,22 @@ class Policy:
         model: PreTrainedModel,
         processor: Any,
         *,
+        compute_dtype: torch.dtype | None = None,
         freeze_vision_tower: bool = True,
         vision_cache_max_entries: int = 4096,
         vision_cache: VisionCache | None = None,
         seed: int = 0,
     ) -> None:
         """`vision_cache` shares another policy's cache, e.g. the reference model's: valid only while both
-        vision towers hold the same weights (frozen towers loaded from one checkpoint)."""
+        vision towers hold the same weights (frozen towers loaded from one checkpoint). `compute_dtype`
+        defaults to the weights' dtype (no autocast)."""
         self._model = model
+        self.compute_dtype = compute_dtype if compute_dtype is not None else model.dtype
+        self._update_mode_modules = [
+            m
+            for name, m in model.named_modules()
+            if getattr(m, "gradient_checkpointing", False) or name.rsplit(".", 1)[-1] == "lora_dropout"
+        ]
         self._forward_module: torch.nn.Module = model
         self._processor = processor
         self._tokenizer = getattr(processor, "tokenizer", processor)
@@ -120,16 +140,25 @@ class Policy:
         path: str | os.PathLike,
         *,
         dtype: str = "float32",
+        trainable: bool = True,
         device: str = "auto",
         attn_implementation: str = "sdpa",
         freeze_vision_tower: bool = True,
+        gradient_checkpointing: bool = False,
+        lora: LoraConfig | None = None,
+        adapter_path: str | os.PathLike | None = None,
         vision_cache_max_entries: int = 4096,
         min_pixels: int | None = None,
         max_pixels: int | None = None,
         vision_cache: VisionCache | None = None,
         seed: int = 0,
     ) -> Policy:
-        """Load a local HF checkpoint (vision-language when its config has a `vision_config`)."""
+        """Load a local HF checkpoint (vision-language when its config has a `vision_config`).
+
+        `dtype` is the compute dtype. `trainable` keeps float32 master weights (mixed precision); a policy
+        that never steps an optimizer (evaluation, collection, the reference) is loaded in `dtype`. With
+        `lora`, the base weights are frozen in `dtype` and fresh adapters train in float32, or the adapters
+        saved in `adapter_path` are loaded."""
         path = Path(path)
         if not (path / "config.json").is_file():
             raise ConfigError(
@@ -141,13 +170,26 @@ class Policy:
             raise ConfigError(
                 "model.attn_implementation: flash_attention_2 needs the flash-attn package and a GPU"
             )
+        if Version(transformers.__version__) < _MIN_TRANSFORMERS:
+            raise ConfigError(
+                f"transformers {transformers.__version__} is too old: seed-vl needs >= {_MIN_TRANSFORMERS} "
+                "(earlier Qwen-VL models ignore the image cache's features)"
+            )
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        compute_dtype = _DTYPES[dtype]
+        lora = lora if trainable else None  # a frozen policy never gets fresh (identity) adapters
+        adapted = lora is not None or adapter_path is not None
+        weights_dtype = torch.float32 if trainable and not adapted else compute_dtype
         is_vision = hasattr(AutoConfig.from_pretrained(path), "vision_config")
         model_class = AutoModelForImageTextToText if is_vision else AutoModelForCausalLM
         model = model_class.from_pretrained(
-            path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, device_map=device
+            path, dtype=weights_dtype, attn_implementation=attn_implementation, device_map=device
         )
+        if gradient_checkpointing:
+            _enable_checkpointing(model)
+        if adapted:
+            model = _with_adapters(model, lora, adapter_path, trainable, freeze_vision_tower and is_vision)
         if is_vision:
             processor = AutoProcessor.from_pretrained(path)
             size = processor.image_processor.size  # transformers' names for Qwen's min/max pixels
@@ -157,9 +199,12 @@ class Policy:
                 size.longest_edge = max_pixels
         else:
             processor = AutoTokenizer.from_pretrained(path)
+        if not trainable:
+            model.requires_grad_(False)
         return cls(
             model.eval(),
             processor,
+            compute_dtype=compute_dtype,
             freeze_vision_tower=freeze_vision_tower,
             vision_cache_max_entries=vision_cache_max_entries,
             vision_cache=vision_cache,
@@ -172,6 +217,8 @@ class Policy:
         config: ModelConfig,
         path: str | os.PathLike | None = None,
         *,
+        trainable: bool = True,
+        adapter_path: str | os.PathLike | None = None,
         vision_cache: VisionCache | None = None,
         seed: int = 0,
     ) -> Policy:
@@ -179,9 +226,13 @@ class Policy:
         return cls.from_pretrained(
             config.path if path is None else path,
             dtype=config.dtype,
+            trainable=trainable,
             device=config.device,
             attn_implementation=config.attn_implementation,
             freeze_vision_tower=config.freeze_vision_tower,
+            gradient_checkpointing=config.gradient_checkpointing and trainable,
+            lora=config.lora,
+            adapter_path=adapter_path,
             vision_cache_max_entries=config.vision_cache_max_entries,
             min_pixels=config.min_pixels,
             max_pixels=config.max_pixels,
@@ -213,6 +264,37 @@ class Policy:
     def device(self) -> torch.device:
         return self._model.device
 
+    @property
+    def has_adapters(self) -> bool:
+        return hasattr(self._model, "disable_adapter")
+
+    def autocast(self):
+        """Forward passes compute in `compute_dtype`, whatever dtype the weights are kept in."""
+        if self.compute_dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    @contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """Score with the base weights: under LoRA, the reference policy without a second model in memory."""
+        if not self.has_adapters:
+            raise ValueError("adapters_disabled: this policy has no LoRA adapters")
+        with self._model.disable_adapter():
+            yield
+
+    @contextmanager
+    def _graph_building(self) -> Iterator[None]:
+        """Training-mode flags on exactly the modules whose behaviour should change in an update pass: the
+        checkpointed layers (transformers checkpoints only in training mode) and LoRA's own dropout. The
+        rest stays in eval mode, so attention and hidden dropout keep their eval semantics."""
+        for m in self._update_mode_modules:
+            m.training = True
+        try:
+            yield
+        finally:
+            for m in self._update_mode_modules:
+                m.training = False
+
     def set_forward_module(self, module: torch.nn.Module) -> None:
         """Run scoring forwards through `module`, e.g. the DDP/FSDP wrapper `accelerate` returns for the
         model, so gradients synchronise; generation and image encoding keep using the bare model."""
@@ -222,9 +304,20 @@ class Policy:
         """Call after every optimizer step or weight load: cached image features are stale."""
         self.cache.clear()
 
-    def save_pretrained(self, out_dir: str | os.PathLike) -> None:
-        """Model (safetensors) and processor in ordinary Hugging Face format, loadable by `from_pretrained`."""
-        self._model.save_pretrained(out_dir, safe_serialization=True)
+    def save_pretrained(self, out_dir: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Model (safetensors, in the compute dtype) and processor in ordinary Hugging Face format, loadable
+        by `from_pretrained`; under LoRA, the adapters only (`seed-vl export` merges them). `state_dict`
+        overrides the model's own, e.g. full tensors gathered from FSDP2 shards."""
+        if self.has_adapters:
+            self._model.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
+        else:
+            _save_in_dtype(self._model, out_dir, self.compute_dtype, state_dict)
+        self._processor.save_pretrained(out_dir)
+
+    def save_merged(self, out_dir: str | os.PathLike) -> None:
+        """The LoRA adapters merged into the base weights, saved as a plain checkpoint in the compute dtype."""
+        model = self._model.merge_and_unload() if self.has_adapters else self._model
+        _save_in_dtype(model, out_dir, self.compute_dtype)
         self._processor.save_pretrained(out_dir)
 
     # ----------------------------------------------------------------------------------------------
@@ -267,9 +360,13 @@ class Policy:
             suppress_tokens=self._vision_token_ids or None,  # a response never holds image placeholders
             stop_strings=list(stop_strings) or None,
         )
-        output = self._model.generate(
-            **inputs, generation_config=config, logits_processor=warpers, tokenizer=self._tokenizer
-        )
+        with self.autocast():
+            # Each process generates on its own, however many turns its episodes take (FSDP2 shards are
+            # gathered beforehand: `Runtime.full_weights`), so transformers must not lock-step processes.
+            output = self._model.generate(
+                **inputs, generation_config=config, logits_processor=warpers, tokenizer=self._tokenizer,
+                synced_gpus=False,
+            )
         new_tokens = output[:, batch["input_ids"].shape[1] :].tolist()
         return [self._finish(ids, stop_strings) for ids in new_tokens]
 
@@ -359,11 +456,10 @@ class Policy:
         inputs = self._model_inputs(batch, keys, with_grad=with_grad)
         if not keys:  # text positions must skip the left padding (with images, M-RoPE's own index does)
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-        logits = (
-            self._forward_module(**inputs, use_cache=False, logits_to_keep=longest + 1).logits[:, :-1].float()
-        )
-        log_probs = torch.log_softmax(logits, dim=-1)
-        targets = batch["input_ids"][:, -longest:] if longest else batch["input_ids"][:, :0]
+        with self.autocast(), self._graph_building() if with_grad else nullcontext():
+            output = self._forward_module(**inputs, use_cache=False, logits_to_keep=longest + 1)
+        log_probs = torch.log_softmax(output.logits[:, :-1].float(), dim=-1)
+        targets = inputs["input_ids"][:, inputs["input_ids"].shape[1] - longest :]
         token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         token_entropies = -(log_probs.exp() * log_probs).sum(-1) if return_entropy else None
         lengths = [len(r) for r in responses]
@@ -459,9 +555,78 @@ class Policy:
         return inputs
 
     def _encode_images(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> list[ImageEncoding]:
-        output = self._model.get_image_features(pixel_values.to(self.device), grid_thw, return_dict=True)
+        with self.autocast():
+            output = self._model.get_image_features(pixel_values.to(self.device), grid_thw, return_dict=True)
         deepstack = getattr(output, "deepstack_features", None) or []
         return [
             ImageEncoding(embeds, tuple(layer[i] for layer in deepstack))
             for i, embeds in enumerate(output.pooler_output)
         ]
+
+
+def _save_in_dtype(model: PreTrainedModel, out_dir: str | os.PathLike, dtype: torch.dtype, state=None) -> None:
+    """`save_pretrained` of the model's state (or `state`) cast to `dtype`, with a config.json that names
+    `dtype`: what a user's `from_pretrained(dtype="auto")` then gets. Tied weights stay one tensor."""
+    first_name: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        first_name.setdefault(id(param), name)
+    tied = {name for name, param in model.named_parameters(remove_duplicate=False) if first_name[id(param)] != name}
+    state = model.state_dict() if state is None else state
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items() if k not in tied}
+    model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+    path = Path(out_dir) / "config.json"
+    config = json.loads(path.read_text())
+    name = str(dtype).removeprefix("torch.")
+    for section in [config, *(v for v in config.values() if isinstance(v, dict) and "dtype" in v)]:
+        section["dtype"] = name
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _enable_checkpointing(model: PreTrainedModel) -> None:
+    """Non-reentrant checkpointing of every decoder layer (named `activation_checkpointing_enable` from
+    transformers 5.24 on, `gradient_checkpointing_enable` before)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _with_adapters(
+    model: PreTrainedModel,
+    lora: LoraConfig | None,
+    adapter_path: str | os.PathLike | None,
+    trainable: bool,
+    exclude_vision_tower: bool,
+) -> PreTrainedModel:
+    """`model` wrapped by PEFT: fresh LoRA adapters from `lora`, or the adapters saved in `adapter_path`."""
+    try:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import PeftModel, get_peft_model
+    except ImportError:
+        raise ConfigError("model.lora: LoRA needs the peft package (pip install peft)") from None
+    if adapter_path is not None:
+        if not (Path(adapter_path) / "adapter_config.json").is_file():
+            raise ConfigError(f"{adapter_path}: no LoRA adapters here (adapter_config.json is missing)")
+        return PeftModel.from_pretrained(model, str(adapter_path), is_trainable=trainable)
+    names = [name for name, _ in model.named_modules()]
+    exclude = None
+    if exclude_vision_tower:
+        tower = model.get_encoder(modality="image")
+        prefix = next(name for name, module in model.named_modules() if module is tower)
+        exclude = rf"{re.escape(prefix)}(\..*)?"
+        names = [n for n in names if not re.fullmatch(exclude, n)]
+    unknown = [t for t in lora.target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if unknown:
+        raise ConfigError(f"model.lora.target_modules: no module named {unknown[0]!r} in the language model")
+    config = PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        exclude_modules=exclude,
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as err:  # e.g. a target that is not a layer type LoRA supports
+        raise ConfigError(f"model.lora: {str(err).splitlines()[0]}") from None

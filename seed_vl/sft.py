@@ -11,11 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from seed_vl.checkpoint import load_checkpoint
 from seed_vl.config import ConfigError
+from seed_vl.distributed import Runtime
 from seed_vl.policy import Policy
 from seed_vl.tracking import progress
 
@@ -105,15 +108,20 @@ def train_sft(
     examples: Sequence[SFTExample],
     settings: SFTSettings,
     *,
+    runtime: Runtime | None = None,
+    resume_from: Path | None = None,
     log: Callable[[int, dict[str, float]], None] | None = None,
-    checkpoint: Callable[[int, torch.optim.Optimizer], None] | None = None,
+    checkpoint: Callable[[int, Runtime, Any, Any], None] | None = None,
     checkpoint_every: int = 0,
     show_progress: bool = True,
 ) -> SFTResult:
     """`settings.epochs` passes of AdamW over the examples, reshuffled every epoch by a seeded generator.
 
-    `log(step, metrics)` sees every optimizer step; `checkpoint(step, optimizer)` runs every
-    `checkpoint_every` steps (0: never) and after the last step. A step whose loss or gradient is not
+    Runs on `runtime` (one process, DDP or FSDP2; default: one process on the policy's device): every
+    process sees the same shuffled mini-batches and trains on its share. `resume_from` (a checkpoint
+    written through `checkpoint`) restores weights, optimizer and RNG and skips the steps already taken.
+    `log(step, metrics)` sees every optimizer step; `checkpoint(step, runtime, optimizer, scheduler)` runs
+    every `checkpoint_every` steps (0: never) and after the last step. A step whose loss or gradient is not
     finite is skipped (and counted) instead of corrupting the weights.
     """
     encoded, too_long = encode_examples(policy, examples, settings.max_length)
@@ -123,18 +131,23 @@ def train_sft(
             if examples
             else "sft: no training examples"
         )
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    runtime = runtime or Runtime(cpu=policy.device.type == "cpu")
+    optimizer, scheduler = runtime.prepare(policy, lr=settings.lr, weight_decay=settings.weight_decay)
+    first_step = 0
+    if resume_from is not None:
+        first_step = load_checkpoint(resume_from, runtime, optimizer, scheduler).step
+        policy.on_weights_updated()
     total_steps = settings.epochs * math.ceil(len(encoded) / settings.batch_size)
     skipped_nonfinite = 0
     batches = _shuffled_batches(len(encoded), settings)
-    for step, (epoch, batch) in enumerate(
-        progress(batches, "sft", total=total_steps, unit="step", enabled=show_progress), 1
-    ):
-        loss, tokens, grad_norm = _optimizer_step(
-            policy, optimizer, params, [encoded[i] for i in batch], settings
-        )
-        skipped_nonfinite += not (math.isfinite(loss) and math.isfinite(grad_norm))
+    bar = progress(batches, "sft", total=total_steps, unit="step", enabled=show_progress and runtime.is_main)
+    for step, (epoch, batch) in enumerate(bar, 1):
+        if step <= first_step:
+            continue
+        loss, tokens = _accumulate_gradients(policy, runtime, [encoded[i] for i in batch], settings)
+        grad_norm, applied = runtime.optimizer_step(optimizer, scheduler, loss, settings.max_grad_norm)
+        policy.on_weights_updated()  # cached image features belong to the old weights
+        skipped_nonfinite += not applied
         metrics = {
             "sft/loss": loss,
             "sft/tokens": float(tokens),
@@ -147,7 +160,7 @@ def train_sft(
         if checkpoint is not None and (
             step == total_steps or (checkpoint_every and step % checkpoint_every == 0)
         ):
-            checkpoint(step, optimizer)
+            checkpoint(step, runtime, optimizer, scheduler)
     return SFTResult(steps=total_steps, examples=len(encoded), skipped_too_long=too_long)
 
 
@@ -159,31 +172,30 @@ def _shuffled_batches(num_examples: int, settings: SFTSettings) -> Iterator[tupl
             yield epoch, order[start : start + settings.batch_size]
 
 
-def _optimizer_step(
-    policy: Policy,
-    optimizer: torch.optim.Optimizer,
-    params: list[torch.nn.Parameter],
-    batch: list[EncodedExample],
-    settings: SFTSettings,
-) -> tuple[float, int, float]:
-    """One mini-batch: micro-batch backward passes of the batch's token-mean NLL, clip, step.
-    Returns (loss, response tokens, gradient norm before clipping)."""
+def _accumulate_gradients(
+    policy: Policy, runtime: Runtime, batch: list[EncodedExample], settings: SFTSettings
+) -> tuple[float, int]:
+    """Backward of one mini-batch's token-mean NLL, this process's share micro-batch by micro-batch.
+    Returns (the mini-batch loss over all processes, its response tokens)."""
     num_tokens = sum(len(e.response_ids) for e in batch)
-    optimizer.zero_grad(set_to_none=True)
+    mine = runtime.shard(batch)
+    micro = settings.micro_batch_size
+    chunks = [mine[k : k + micro] for k in range(0, len(mine), micro)]
+    num_chunks = runtime.micro_batches(len(chunks))
     loss_sum = 0.0
-    for _, logprobs, _ in policy.score_batches(
-        [e.context for e in batch],
-        [e.response_ids for e in batch],
-        settings.micro_batch_size,
-        with_grad=True,
-        return_entropy=False,
-    ):
-        loss = -torch.cat(logprobs).sum() / num_tokens
-        loss.backward()
-        loss_sum += loss.item()
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm))
-    if math.isfinite(loss_sum) and math.isfinite(grad_norm):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    policy.on_weights_updated()  # cached image features belong to the old weights
-    return loss_sum, num_tokens, grad_norm
+    for k in range(num_chunks):
+        # FSDP2 lock step: a process out of micro-batches runs a zero-loss pass over one example.
+        chunk, weight = (chunks[k], 1.0) if k < len(chunks) else (batch[:1], 0.0)
+        with runtime.accumulating(last=k == num_chunks - 1):
+            logprobs = policy.score(
+                [e.context for e in chunk],
+                [e.response_ids for e in chunk],
+                micro_batch_size=len(chunk),
+                with_grad=True,
+                return_entropy=False,
+            ).logprobs
+            loss = -torch.cat(logprobs).sum() / num_tokens
+            # processes' gradients are averaged: scale so that their mean is the whole mini-batch's
+            runtime.backward(loss * (weight * runtime.num_processes))
+        loss_sum += weight * loss.item()
+    return runtime.reduce_sum(loss_sum), num_tokens

@@ -23,13 +23,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import torch
 from PIL import Image
 
 from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyzer
-from seed_vl.checkpoint import TrainerState, save_checkpoint
+from seed_vl.checkpoint import TrainerState, load_trainer_state, resolve_resume, save_checkpoint
 from seed_vl.config import Config, ConfigError, EnvConfig, save_config
 from seed_vl.demonstrations import play_demonstrations
+from seed_vl.distributed import Runtime
 from seed_vl.envs.group import EnvGroup
 from seed_vl.io import atomic_directory, atomic_write_text
 from seed_vl.policy import Policy
@@ -51,7 +51,7 @@ def collect(config: Config) -> Path:
     time (the batch size stage 2 is sized for), label them and write the dataset to `collect.out_dir`
     (replaced as a whole once complete: an interrupted collect leaves no partial dataset behind)."""
     c = config.collect
-    policy = Policy.from_config(config.model, seed=config.train.seed)
+    policy = Policy.from_config(config.model, trainable=False, seed=config.train.seed)
     analyzer = make_analyzer(config.analyzer, config.env, policy=policy, seed=config.train.seed)
     r = config.rollout
     sampling = SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.history_window)
@@ -120,17 +120,22 @@ def _append_sft_records(
 
 
 # ---------------------------------------------------------------------------------------------------- sft
-def sft(config: Config) -> Path:
+def sft(config: Config, resume: str | None = None) -> Path:
     """Fine-tune `model.path` on the analyzer datasets of `sft.data` plus `sft.demonstrations` solver
-    demonstrations; returns the final model's directory, `sft.out_dir/model`. A rerun replaces the
-    previous run's metrics, checkpoints and model in `sft.out_dir`."""
+    demonstrations; returns the final model's directory, `sft.out_dir/model`. Runs under `accelerate
+    launch` like `train`. Without `resume`, a rerun replaces the previous run's metrics, checkpoints and
+    model in `sft.out_dir`; with it (`sft.out_dir` or one of its checkpoints), training continues."""
     s = config.sft
     if not s.data and not s.demonstrations:
         raise ConfigError(
             "sft.data: nothing to train on (give dataset directories or sft.demonstrations > 0)"
         )
+    out_dir = Path(s.out_dir)
+    resume_from = resolve_resume(resume) if resume else None
     datasets = {directory: load_analysis_examples(directory) for directory in s.data}  # before the model
-    policy = Policy.from_config(config.model, seed=config.train.seed)
+    runtime = Runtime(cpu=config.model.device == "cpu")
+    model_config = config.model.model_copy(update={"device": str(runtime.device)})
+    policy = Policy.from_config(model_config, seed=config.train.seed)
     for directory, pairs in datasets.items():
         if not policy.is_vision and any(_has_images(e.context) for e in pairs):
             raise ConfigError(
@@ -147,27 +152,32 @@ def sft(config: Config) -> Path:
         rng=random.Random(derive_seed(_DEMO_STREAM, config.train.seed)),
     )
 
-    out_dir = Path(s.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "metrics.jsonl").unlink(missing_ok=True)
-    shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
-    save_config(config, out_dir / "config.yaml")
+    metrics: list[dict[str, Any]] = load_trainer_state(resume_from).metrics if resume_from else []
+    if runtime.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if resume_from is None:
+            (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+        save_config(config, out_dir / "config.yaml")
     logger = MetricsLogger(
-        out_dir, config, use_wandb=config.logging.wandb, project=config.logging.wandb_project, run_name="sft"
+        out_dir, config, enabled=runtime.is_main, use_wandb=config.logging.wandb,
+        project=config.logging.wandb_project, run_name="sft",
     )
-    metrics: list[dict[str, Any]] = []
+    if resume_from is not None and runtime.is_main:
+        logger.rewrite(metrics)
 
     def log(step: int, values: dict[str, float]) -> None:
         metrics.append({"step": step, **values})
         logger.log(step, values)
 
-    def checkpoint(step: int, optimizer: torch.optim.Optimizer) -> None:
+    def checkpoint(step: int, runtime: Runtime, optimizer, scheduler) -> None:
         save_checkpoint(
             out_dir / "checkpoints",
             step=step,
-            save_model=policy.save_pretrained,
+            runtime=runtime,
+            policy=policy,
             optimizer=optimizer,
-            scheduler=None,
+            scheduler=scheduler,
             config=config,
             state=TrainerState(step=step, metrics=metrics, counters={}),
             keep_last=config.checkpoint.keep_last,
@@ -187,15 +197,20 @@ def sft(config: Config) -> Path:
         policy,
         analysis + demonstrations,
         settings,
+        runtime=runtime,
+        resume_from=resume_from,
         log=log,
         checkpoint=checkpoint,
         checkpoint_every=config.checkpoint.every,
         show_progress=config.logging.progress,
     )
     logger.close()
-    _write_summary(out_dir, result, analysis=len(analysis), demonstrations=len(demonstrations))
-    with atomic_directory(out_dir / "model") as tmp:
-        policy.save_pretrained(tmp)
+    model_state = runtime.model_state_for_export()
+    if runtime.is_main:
+        _write_summary(out_dir, result, analysis=len(analysis), demonstrations=len(demonstrations))
+        with atomic_directory(out_dir / "model") as tmp:
+            policy.save_pretrained(tmp, state_dict=model_state)
+    runtime.wait_for_everyone()
     return out_dir / "model"
 
 

@@ -336,15 +336,18 @@ def build_tiny_model(
     *,
     text_dims: dict | None = None,
     vision_dims: dict | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """Write a tiny `arch` model (or a Qwen2 causal LM when `text_only`) and its processor to `out_dir`."""
+    """Write a tiny `arch` model (or a Qwen2 causal LM when `text_only`) and its processor to `out_dir`.
+    `device` and `dtype` serve scaled-up builds (`scripts/gpu_smoke.py` initialises 3B weights on a GPU)."""
     _check_arch(arch)
     arch = "qwen2" if text_only else arch
     tokenizer = train_tokenizer()
     config = tiny_config(arch, tokenizer, text_dims, vision_dims)
-    with torch.random.fork_rng(devices=[]):  # weights depend on `seed` only; the caller's RNG is untouched
+    with torch.random.fork_rng(devices=[]), torch.device(device):  # the caller's RNG is untouched
         torch.manual_seed(seed)
-        model = _MODEL_CLASSES[arch][1](config).eval()
+        model = _MODEL_CLASSES[arch][1](config).to(dtype).eval()
     text = config.get_text_config()
     model.generation_config = GenerationConfig(
         bos_token_id=text.bos_token_id,

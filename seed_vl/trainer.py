@@ -6,8 +6,9 @@
     4. update     GRPO + lambda * gated OPD on the student's log-probs           (losses.policy_loss)
 
 Baselines are the same loop with another preset: grpo (lambda = 0), opsd (gate = 1), sdar (skills from a
-static bank), seed. Runs under `accelerate launch`: each process plays whole groups of its share of the tasks,
-gradients are averaged by the prepared model, metrics are reduced, only the main process writes.
+static bank), seed. Runs under `accelerate launch` (`distributed.Runtime`: one device, DDP or FSDP2): each
+process plays whole groups of its share of the tasks, gradients are averaged once per optimizer step, metrics
+are reduced, only the main process writes files.
 """
 
 from __future__ import annotations
@@ -15,18 +16,18 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DistributedType, gather_object, set_seed
+from accelerate.utils import set_seed
 
 from seed_vl import checkpoint as ckpt
 from seed_vl.analyzer import make_analyzer
 from seed_vl.config import Config, save_config
+from seed_vl.distributed import Runtime
 from seed_vl.envs.group import EnvGroup
 from seed_vl.evaluation import evaluate, summarize
 from seed_vl.losses import group_advantages, opd_gate, policy_loss, resolve_preset, shaped_return
@@ -67,47 +68,37 @@ class Trainer:
     def __init__(self, config: Config, resume: str | None = None) -> None:
         self.config = config
         self.preset = resolve_preset(config.algorithm)  # validates the preset before anything is loaded
-        self.accelerator = Accelerator(cpu=config.model.device == "cpu")
-        self.is_main = self.accelerator.is_main_process
+        self.runtime = Runtime(cpu=config.model.device == "cpu")
+        self.is_main = self.runtime.is_main
         self.run_dir = run_dir_for(config)
         set_seed(config.train.seed, device_specific=False)
 
         self.resume_from = ckpt.resolve_resume(resume) if resume else None
-        model_path = str(self.resume_from / "model") if self.resume_from else config.model.path
-        self.policy = self._load_policy(model_path)
-        # The reference policy only exists when the KL term does (it costs a second model's memory).
-        # With a frozen vision tower both policies encode frames identically, so they share one cache.
-        self.reference = (
-            self._load_policy(config.model.path, shared_cache=config.model.freeze_vision_tower)
-            if config.algorithm.kl_coef > 0
-            else None
-        )
-        if self.reference is not None:
-            self.reference.model.requires_grad_(False)
+        # The trainable policy starts from the base weights; a resume then restores its float32 weights.
+        self.policy = self._load_policy(trainable=True)
+        # The reference policy exists only when the KL term does. Under LoRA it is the policy with its
+        # adapters disabled; otherwise a frozen copy in the compute dtype, sharing the image cache when
+        # both vision towers are the same frozen weights.
+        self.reference = None
+        if config.algorithm.kl_coef > 0 and config.model.lora is None:
+            self.reference = self._load_policy(trainable=False, shared_cache=config.model.freeze_vision_tower)
         self.skill_bank = load_skill_bank(config.algorithm.skill_bank) if self.preset.skill_source == "bank" else None
         self.analyzer = (
             make_analyzer(config.analyzer, config.env, policy=self.policy, seed=config.train.seed)
             if self.preset.skill_source == "analyzer"
             else None
         )
-
-        params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
-        warmup = max(1, config.train.warmup_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(self.policy.model, optimizer, scheduler)
-        self.policy.set_forward_module(self.model)
-        # DDP: gradients are averaged by hand once per optimizer step, so processes may run different numbers
-        # of micro-batches. FSDP and DeepSpeed synchronise inside their own backward instead.
-        self._ddp = self.accelerator.distributed_type in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU)
+        self.optimizer, self.scheduler = self.runtime.prepare(
+            self.policy, lr=config.train.lr, weight_decay=config.train.weight_decay,
+            warmup_steps=config.train.warmup_steps,
+        )
 
         self._timings: dict[str, float] = {}  # seconds per phase of the current step
         counters = {"nonfinite_skipped": 0, "nonfinite_in_a_row": 0, "env_steps": 0}
         self.state = ckpt.TrainerState(step=0, metrics=[], counters=counters)
         if self.resume_from:
-            self.state = ckpt.load_trainer_state(self.resume_from)
-            ckpt.load_optimizer_state(self.resume_from, self.optimizer, self.scheduler)
-            ckpt.load_rng_state(self.resume_from)
+            self.state = ckpt.load_checkpoint(self.resume_from, self.runtime, self.optimizer, self.scheduler)
+            self.policy.on_weights_updated()
         self.logger = MetricsLogger(
             self.run_dir,
             config,
@@ -121,14 +112,14 @@ class Trainer:
             if self.resume_from:  # steps after the checkpoint will be logged again: keep only those before it
                 self.logger.rewrite(self.state.metrics)
 
-    def _load_policy(self, path: str, shared_cache: bool = False) -> Policy:
-        model_config = self.config.model.model_copy(update={"device": str(self.accelerator.device)})
-        policy = Policy.from_config(
-            model_config, path, vision_cache=self.policy.cache if shared_cache else None, seed=self.config.train.seed
+    def _load_policy(self, trainable: bool, shared_cache: bool = False) -> Policy:
+        model_config = self.config.model.model_copy(update={"device": str(self.runtime.device)})
+        return Policy.from_config(
+            model_config,
+            trainable=trainable,
+            vision_cache=self.policy.cache if shared_cache else None,
+            seed=self.config.train.seed,
         )
-        if model_config.gradient_checkpointing:
-            policy.model.gradient_checkpointing_enable()
-        return policy
 
     # ------------------------------------------------------------------------------------------------ loop
     def train(self) -> list[dict[str, Any]]:
@@ -168,7 +159,7 @@ class Trainer:
     def rollout(self, step: int) -> list[Trajectory]:
         """1. Actor: the frozen current policy plays `group_size` episodes per task (same start in a group)."""
         group = self._env_group(step, split="train")
-        with self._phase(step, "rollout", len(group), "episodes") as bar:
+        with self._phase(step, "rollout", len(group), "episodes") as bar, self.runtime.full_weights():
             return collect_rollouts(
                 self.policy, group, self._sampling(self.config.rollout.temperature),
                 seed=self.config.train.seed, step=step, on_episode_end=bar.update,
@@ -177,13 +168,13 @@ class Trainer:
     def learn(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         """Steps 2-4 on one batch of trajectories; returns the step's metrics."""
         # 2. Analyzer: one hindsight skill per trajectory (SEED, OPSD) or a static skill (SDAR).
-        with self._phase(step, "analysis", len(trajectories), "trajectories") as bar:
+        with self._phase(step, "analysis", len(trajectories), "trajectories") as bar, self.runtime.full_weights():
             self._attach_skills(trajectories, step)
             bar.update(len(trajectories))
 
         # 3. Paired re-scoring: l_old (ordinary context) and l_skill (skill inserted), l_ref when KL > 0.
         samples = self._action_samples(trajectories)
-        with self._phase(step, "scoring", len(samples), "actions") as bar:
+        with self._phase(step, "scoring", len(samples), "actions") as bar, self.runtime.full_weights():
             old_lp, teacher_lp, ref_lp = self._paired_scores(samples)
             bar.update(len(samples))
         self._record_gates(samples, old_lp, teacher_lp)
@@ -198,7 +189,7 @@ class Trainer:
         cache_metrics = self._cache_metrics()
         self.policy.on_weights_updated()  # cached image embeddings belong to the old weights
 
-        self.state.counters["env_steps"] += self._reduce_sum(sum(t.length for t in trajectories))
+        self.state.counters["env_steps"] += self.runtime.reduce_sum(sum(t.length for t in trajectories))
         metrics = {
             **self._rollout_metrics(trajectories, prefix="train"),
             **loss_metrics,
@@ -214,7 +205,7 @@ class Trainer:
         """This process's share of the step's tasks; whole groups stay on one process."""
         cfg = self.config
         num_tasks = num_tasks or cfg.rollout.num_tasks
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        rank, world = self.runtime.process_index, self.runtime.num_processes
         tasks = [t for t in range(num_tasks) if t % world == rank]
         return EnvGroup(
             cfg.env, num_tasks=num_tasks, group_size=group_size or cfg.rollout.group_size,
@@ -261,10 +252,13 @@ class Trainer:
         for i, lp in zip(with_skill, scored[len(samples) :], strict=True):
             teacher_lp[i] = lp
         ref_lp = None
-        if self.reference is not None:
-            ref_lp = self.reference.score(
-                [s.context for s in samples], responses, micro_batch_size=mb, return_entropy=False
-            ).logprobs
+        if self.config.algorithm.kl_coef > 0:
+            ordinary = [s.context for s in samples]
+            if self.reference is not None:
+                ref_lp = self.reference.score(ordinary, responses, micro_batch_size=mb, return_entropy=False).logprobs
+            else:  # LoRA: the base weights are the reference
+                with self.policy.adapters_disabled():
+                    ref_lp = self.policy.score(ordinary, responses, micro_batch_size=mb, return_entropy=False).logprobs
         return old_lp, teacher_lp, ref_lp
 
     def _record_gates(self, samples: list[ActionSample], old_lp, teacher_lp) -> None:
@@ -285,96 +279,86 @@ class Trainer:
         self._timings[f"time/{name}"] = bar.seconds
 
     def _update(self, samples, old_lp, teacher_lp, ref_lp, on_minibatch) -> dict[str, float]:
-        cfg, acc = self.config, self.accelerator
+        cfg, runtime = self.config, self.runtime
         generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + self.state.step)
         mb = cfg.train.mini_batch_size
         # Processes hold different numbers of turns; all take the same number of optimizer steps (some
         # mini-batches may be empty), accumulating locally and averaging gradients once per step.
-        num_minibatches = int(self._reduce_max(math.ceil(len(samples) / mb)))
+        num_minibatches = int(runtime.reduce_max(math.ceil(len(samples) / mb)))
         totals: dict[str, float] = {}
         for _ in range(cfg.train.ppo_epochs):
             order = torch.randperm(len(samples), generator=generator).tolist()
             for k in range(num_minibatches):
                 batch = order[k * mb : (k + 1) * mb]
-                self.optimizer.zero_grad(set_to_none=True)
-                with acc.no_sync(self.model) if self._ddp else nullcontext():
-                    loss_sum, stats = self._accumulate_gradients(batch, samples, old_lp, teacher_lp, ref_lp)
-                if self._ddp:
-                    self._average_gradients()
-                grad_norm = acc.clip_grad_norm_(self.policy.model.parameters(), cfg.train.max_grad_norm)
-                if self._reduce_sum(not (math.isfinite(loss_sum) and math.isfinite(float(grad_norm)))) == 0:
-                    self.optimizer.step()
-                    self.scheduler.step()
+                loss_sum, stats = self._accumulate_gradients(batch, samples, old_lp, teacher_lp, ref_lp)
+                grad_norm, applied = runtime.optimizer_step(
+                    self.optimizer, self.scheduler, loss_sum, cfg.train.max_grad_norm
+                )
+                if applied:
                     self.state.counters["nonfinite_in_a_row"] = 0
-                else:  # skip the update: the weights stay the last good ones
-                    self.optimizer.zero_grad(set_to_none=True)
+                else:  # the weights stay the last good ones
                     self.state.counters["nonfinite_skipped"] += 1
                     self.state.counters["nonfinite_in_a_row"] += 1
                     if self.is_main:
                         print(f"[seed-vl] step {self.state.step + 1}: non-finite loss or gradient "
-                              f"(loss {loss_sum}, grad norm {float(grad_norm)}), update skipped", file=sys.stderr)
+                              f"(loss {loss_sum}, grad norm {grad_norm}), update skipped", file=sys.stderr)
                 on_minibatch()
-                for key, value in {"grad_norm": float(grad_norm), **stats}.items():
+                for key, value in {"grad_norm": grad_norm, **stats}.items():
                     totals[key] = totals.get(key, 0.0) + value
         # Metrics are per optimizer step (micro-batches already sum to their mini-batch): average them.
         steps = num_minibatches * cfg.train.ppo_epochs
-        return self._reduce_mean_pairs({key: (value, steps) for key, value in totals.items()})
+        return runtime.reduce_mean_pairs({key: (value, steps) for key, value in totals.items()})
 
     def _accumulate_gradients(self, batch, samples, old_lp, teacher_lp, ref_lp) -> tuple[float, dict[str, float]]:
         """Backward of one mini-batch, micro-batch by micro-batch; returns its loss and metrics."""
         cfg = self.config
         num_tokens = float(sum(len(samples[i].response_ids) for i in batch))
         num_skill_tokens = float(sum(len(samples[i].response_ids) for i in batch if teacher_lp[i] is not None))
+        micro = cfg.train.micro_batch_size
+        chunks = [batch[k : k + micro] for k in range(0, len(batch), micro)]
+        num_chunks = self.runtime.micro_batches(len(chunks))
         loss_sum, stats_sum = 0.0, {}
-        for indices, student_lp, entropy in self.policy.score_batches(
-            [samples[i].context for i in batch],
-            [samples[i].response_ids for i in batch],
-            micro_batch_size=cfg.train.micro_batch_size,
-            with_grad=True,
-        ):
-            rows = [batch[j] for j in indices]
-            logprobs, mask = pad_sequences(student_lp)
-            loss, stats = policy_loss(
-                logprobs,
-                pad_sequences([old_lp[i] for i in rows])[0],
-                torch.tensor([samples[i].advantage for i in rows]),
-                mask,
-                cfg.algorithm,
-                teacher_logprobs=pad_sequences(
-                    [teacher_lp[i] if teacher_lp[i] is not None else old_lp[i] for i in rows]
-                )[0],
-                has_skill=torch.tensor([teacher_lp[i] is not None for i in rows]),
-                ref_logprobs=pad_sequences([ref_lp[i] for i in rows])[0] if ref_lp is not None else None,
-                entropy=pad_sequences(entropy)[0] if entropy is not None else None,
-                num_tokens=num_tokens,
-                num_skill_tokens=num_skill_tokens,
-            )
-            self.accelerator.backward(loss)
-            loss_sum += loss.item()
-            for key, value in stats.items():
-                stats_sum[key] = stats_sum.get(key, 0.0) + float(value)
+        for k in range(num_chunks):
+            # FSDP2 lock step: a process out of micro-batches runs a zero-loss pass over one of its samples.
+            rows, weight = (chunks[k], 1.0) if k < len(chunks) else ([0], 0.0)
+            with self.runtime.accumulating(last=k == num_chunks - 1):
+                scores = self.policy.score(
+                    [samples[i].context for i in rows], [samples[i].response_ids for i in rows],
+                    micro_batch_size=len(rows), with_grad=True,
+                )
+                logprobs, mask = pad_sequences(scores.logprobs)
+                device = logprobs.device
+                loss, stats = policy_loss(
+                    logprobs,
+                    pad_sequences([old_lp[i] for i in rows])[0],
+                    torch.tensor([samples[i].advantage for i in rows], device=device),
+                    mask,
+                    cfg.algorithm,
+                    teacher_logprobs=pad_sequences(
+                        [teacher_lp[i] if teacher_lp[i] is not None else old_lp[i] for i in rows]
+                    )[0],
+                    has_skill=torch.tensor([teacher_lp[i] is not None for i in rows], device=device),
+                    ref_logprobs=pad_sequences([ref_lp[i] for i in rows])[0] if ref_lp is not None else None,
+                    entropy=pad_sequences(scores.entropies)[0],
+                    num_tokens=num_tokens,
+                    num_skill_tokens=num_skill_tokens,
+                )
+                self.runtime.backward(loss * weight)
+            if weight:
+                loss_sum += loss.item()
+                for key, value in stats.items():
+                    stats_sum[key] = stats_sum.get(key, 0.0) + float(value)
         return loss_sum, stats_sum
-
-    def _average_gradients(self) -> None:
-        """Mean of the gradients over processes (each already a token-mean over its own action tokens)."""
-        params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        torch.distributed.all_reduce(flat)
-        flat /= self.accelerator.num_processes
-        offset = 0
-        for p, g in zip(params, grads, strict=True):
-            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
-            offset += g.numel()
 
     # ------------------------------------------------------------------------------------------ metrics
     def evaluate(self, prefix: str = "eval") -> dict[str, float]:
         cfg = self.config
         group = self._env_group(self.state.step, split="eval", num_tasks=cfg.eval.num_tasks, group_size=1)
-        return evaluate(
-            self.policy, group, self._sampling(cfg.eval.temperature),
-            seed=cfg.train.seed, prefix=prefix, reduce=self._reduce_mean_pairs,
-        )
+        with self.runtime.full_weights():
+            return evaluate(
+                self.policy, group, self._sampling(cfg.eval.temperature),
+                seed=cfg.train.seed, prefix=prefix, reduce=self.runtime.reduce_mean_pairs,
+            )
 
     def _rollout_metrics(self, trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
         turns = [t for traj in trajectories for t in traj.turns]
@@ -385,34 +369,11 @@ class Trainer:
             "analyzer/skill_words": (sum(len(t.skill.split()) for t in with_skill), len(with_skill)),
             "rollout/tokens_generated": (sum(len(t.response_ids) for t in turns), 1),
         }
-        return self._reduce_mean_pairs(pairs)
+        return self.runtime.reduce_mean_pairs(pairs)
 
     def _cache_metrics(self) -> dict[str, float]:
         stats = self.policy.cache.stats()
-        return {f"cache/{k}": float(self._reduce_sum(v)) for k, v in stats.items()}
-
-    def _reduce_sum(self, value: float) -> float:
-        if self.accelerator.num_processes == 1:
-            return value
-        t = torch.tensor([float(value)], device=self.accelerator.device)
-        return float(self.accelerator.reduce(t, reduction="sum").item())
-
-    def _reduce_max(self, value: float) -> float:
-        if self.accelerator.num_processes == 1:
-            return value
-        t = torch.tensor([float(value)], device=self.accelerator.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return float(t.item())
-
-    def _reduce_mean_pairs(self, pairs: dict[str, tuple[float, float]]) -> dict[str, float]:
-        """Each metric as (sum, count) per process -> global sum / global count."""
-        keys = sorted(pairs)
-        if self.accelerator.num_processes > 1:  # a process may lack a metric (e.g. it had nothing to update)
-            keys = sorted(set().union(*gather_object([keys])))
-        t = torch.tensor([[float(s), float(n)] for s, n in (pairs.get(k, (0.0, 0.0)) for k in keys)])
-        if self.accelerator.num_processes > 1:
-            t = self.accelerator.reduce(t.to(self.accelerator.device), reduction="sum").cpu()
-        return {k: (float(s) / float(n) if n else 0.0) for k, (s, n) in zip(keys, t.tolist(), strict=True)}
+        return {f"cache/{k}": float(self.runtime.reduce_sum(v)) for k, v in stats.items()}
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **metrics}
@@ -420,19 +381,17 @@ class Trainer:
         self.logger.log(step, metrics)
 
     def save_checkpoint(self, step: int) -> None:
-        self.accelerator.wait_for_everyone()
-        if self.is_main:
-            ckpt.save_checkpoint(
-                self.run_dir / "checkpoints",
-                step=step,
-                save_model=self.policy.save_pretrained,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                config=self.config,
-                state=self.state,
-                keep_last=self.config.checkpoint.keep_last,
-            )
-        self.accelerator.wait_for_everyone()
+        ckpt.save_checkpoint(
+            self.run_dir / "checkpoints",
+            step=step,
+            runtime=self.runtime,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            config=self.config,
+            state=self.state,
+            keep_last=self.config.checkpoint.keep_last,
+        )
 
 
 def pad_sequences(values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
