@@ -143,9 +143,10 @@ class Runtime:
 
     @contextmanager
     def full_weights(self) -> Iterator[None]:
-        """Gathered weights for passes without gradients. Only multi-process FSDP2 needs it: there each
-        forward is a collective, and processes generate different numbers of tokens and turns."""
-        if not (self.is_fsdp and self.num_processes > 1):
+        """Gathered weights for passes without gradients under FSDP2: there each forward through sharded
+        weights is a collective, while processes generate different numbers of tokens and turns; and
+        generation may enter the model below the root (PEFT's `generate` does), skipping the root's gather."""
+        if not self.is_fsdp:
             yield
             return
         from torch.distributed.fsdp import FSDPModule
@@ -240,6 +241,11 @@ def _fully_shard(policy: Policy) -> None:
         # The image cache calls the vision tower outside `forward`: through the root's hooks, so that the
         # root's own parameters (patch embedding, merger) are gathered first.
         register_fsdp_forward_method(model, "get_image_features")
+    # FSDP2 initialises itself in the first forward through the root, a collective; run it now, while every
+    # process is here, rather than in the first generation, which some processes may not reach.
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=policy.device), use_cache=False)
+    model.reshard()  # the root keeps its gathered weights after a forward; the optimizer needs the shards
 
 
 def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:

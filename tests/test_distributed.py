@@ -89,7 +89,8 @@ def test_every_shipped_accelerate_config_is_exercised():
     assert set(ACCELERATE_CONFIGS) == exercised
 
 
-def test_sft_under_fsdp2_matches_one_process_and_resumes_exactly(tmp_path, tiny_text_path):
+@pytest.mark.parametrize("launch", ["fsdp.yaml", "multi_gpu.yaml"])
+def test_sft_on_two_processes_matches_one_process_and_resumes_exactly(tmp_path, tiny_text_path, launch):
     def config(name: str, *extra: str):
         return [
             f"model.path={tiny_text_path}", "model.device=cpu", "env.name=ezpoints_text",
@@ -99,16 +100,16 @@ def test_sft_under_fsdp2_matches_one_process_and_resumes_exactly(tmp_path, tiny_
         ]
 
     single = sft(load_config(None, config("single")))
-    _launch(_cpu_variant("fsdp.yaml", tmp_path, 2), "sft", *config("fsdp"), port=29575)
+    _launch(_cpu_variant(launch, tmp_path, 2), "sft", *config("two"), port=29575)
     # The same losses and gradient norms step by step (a gradient off by a constant factor would show in
     # the norm; Adam would hide it in the weights), and weights equal up to summation order.
-    steps = [_metrics_sft(tmp_path / name) for name in ("single", "fsdp")]
+    steps = [_metrics_sft(tmp_path / name) for name in ("single", "two")]
     assert len(steps[0]) == len(steps[1]) == 6
     for a, b in zip(*steps, strict=True):
         assert a["sft/loss"] == pytest.approx(b["sft/loss"], rel=1e-6)
         assert a["sft/grad_norm"] == pytest.approx(b["sft/grad_norm"], rel=1e-4)
     reference = load_file(str(single / "model.safetensors"))
-    for name, value in load_file(str(tmp_path / "fsdp" / "model" / "model.safetensors")).items():
+    for name, value in load_file(str(tmp_path / "two" / "model" / "model.safetensors")).items():
         assert torch.allclose(value, reference[name], atol=1e-4), name
 
     # Interrupted after step 1, resumed: bit for bit the uninterrupted run.
@@ -118,16 +119,26 @@ def test_sft_under_fsdp2_matches_one_process_and_resumes_exactly(tmp_path, tiny_
         assert torch.equal(value, reference[name]), name
 
 
-@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl", "text"])
-def test_fsdp2_shards_every_model_family(tmp_path, tiny_text_path, arch):
-    """Wrap units come from the loaded model (its `_no_split_modules`), so no family needs a class list."""
+@pytest.mark.parametrize(
+    ("arch", "extra"),
+    [
+        ("qwen2_vl", {}),
+        ("qwen3_vl", {"model.dtype": "bfloat16"}),
+        ("text", {"model.dtype": "bfloat16", "model.lora": "{r: 4}"}),
+    ],
+)
+def test_fsdp2_shards_every_model_family(tmp_path, tiny_text_path, arch, extra):
+    """Wrap units come from the loaded model (its `_no_split_modules`), so no family needs a class list;
+    bf16 mixed precision and LoRA adapters shard too."""
     if arch == "text":
         model, env = tiny_text_path, "sokoban_text"
     else:
         model, env = str(build_tiny_model(tmp_path / arch, arch=arch)), "sokoban_visual"
-    overrides = _overrides(model, tmp_path, env, **{"train.steps": 1, "eval.num_tasks": 1,
-                                                    "checkpoint.every": 1, "analyzer.backend": "scripted"})
+    overrides = _overrides(model, tmp_path, env, **{"train.steps": 1, "eval.num_tasks": 1, "checkpoint.every": 1,
+                                                    "analyzer.backend": "scripted", **extra})
     _launch(_cpu_variant("fsdp.yaml", tmp_path, 2), "train", *overrides, port=29576)
     (checkpoint,) = list_checkpoints(tmp_path / "run" / "checkpoints")
     assert len(list((checkpoint / "training_state").glob("*.distcp"))) == 2
     assert _metrics(tmp_path / "run")[-1]["grad_norm"] > 0
+    saved = "adapter_model.safetensors" if "model.lora" in extra else "model.safetensors"
+    assert load_file(str(checkpoint / "model" / saved))
