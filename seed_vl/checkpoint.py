@@ -9,14 +9,17 @@ A checkpoint directory `checkpoints/step_000010/` holds
   rng.pt            Python, NumPy and torch (CPU + CUDA) RNG states
   trainer.json      the step, counters and the metrics so far
   config.yaml       the resolved config, secrets redacted
+  manifest.json     size and SHA-256 of every file above: damage is found before anything is loaded
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ from seed_vl.io import replace_directory
 from seed_vl.policy import Policy
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-MODEL_DIR, TRAINING_STATE = "model", "training_state"
+MODEL_DIR, TRAINING_STATE, MANIFEST = "model", "training_state", "manifest.json"
 
 
 @dataclass
@@ -86,6 +89,7 @@ def save_checkpoint(
             json.dumps({"step": step, "metrics": state.metrics, "counters": state.counters}, indent=1)
         )
         save_config(config, tmp / "config.yaml")
+        write_manifest(tmp)
         replace_directory(tmp, target)
         for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
@@ -113,15 +117,54 @@ def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
 
 
 def resolve_resume(path: str | Path) -> Path:
-    """Accept a checkpoint directory, a checkpoints/ folder or a run directory; return the newest checkpoint."""
+    """Accept a checkpoint directory, a checkpoints/ folder or a run directory; return the newest intact
+    checkpoint. A damaged one named directly is an error; found by search, it is skipped with a warning."""
     path = Path(path)
     if (path / "trainer.json").is_file():
+        problem = damage(path)
+        if problem:
+            raise ConfigError(f"{problem}: the checkpoint is damaged; resume from an earlier one")
         return path
     for candidate in (path / "checkpoints", path):
         found = list_checkpoints(candidate)
+        for checkpoint in reversed(found):
+            problem = damage(checkpoint)
+            if not problem:
+                return checkpoint
+            print(f"[seed-vl] warning: skipping damaged checkpoint {checkpoint.name} ({problem})", file=sys.stderr)
         if found:
-            return found[-1]
+            raise ConfigError(f"{candidate}: every checkpoint is damaged")
     raise ConfigError(f"{path}: no checkpoint found (expected a checkpoint, its checkpoints/ folder or a run directory)")
+
+
+def write_manifest(directory: Path) -> None:
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    (directory / MANIFEST).write_text(json.dumps(entries, indent=1, sort_keys=True))
+
+
+def damage(checkpoint: Path) -> str:
+    """'' for an intact checkpoint, else the first damaged file and what is wrong with it."""
+    manifest = checkpoint / MANIFEST
+    try:
+        entries = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return f"{manifest}: missing or unreadable"
+    for name, entry in entries.items():
+        file = checkpoint / name
+        if not file.is_file():
+            return f"{file}: missing"
+        if file.stat().st_size != entry["bytes"] or _sha256(file) != entry["sha256"]:
+            return f"{file}: checksum mismatch"
+    return ""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_trainer_state(checkpoint: Path) -> TrainerState:

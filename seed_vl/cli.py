@@ -47,7 +47,7 @@ def _config(args: argparse.Namespace):
 def _cmd_train(args: argparse.Namespace) -> None:
     from seed_vl.trainer import train
 
-    train(_config(args), resume=args.resume)
+    train(_config(args), resume=args.resume, overwrite=args.overwrite)
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
             _add_config_args(p)
         if name in ("train", "sft"):
             p.add_argument("--resume", metavar="DIR", help="a run directory or checkpoint to continue from")
+        if name == "train":
+            p.add_argument("--overwrite", action="store_true", help="replace what the run directory holds")
     return parser
 
 

@@ -110,9 +110,9 @@ def reproduce(config_path: str | None, overrides: list[str]) -> Path:
             for seed in cfg.seeds:
                 run_cfg = run_config(cfg, task, method, seed, base_model)
                 run_dir = run_dir_for(run_cfg)
-                if not list_checkpoints(run_dir / "checkpoints"):
+                if not list_checkpoints(run_dir / "checkpoints"):  # an unfinished run starts over
                     print(f"[reproduce] {task} / {method} / seed {seed}", flush=True)
-                    train(run_cfg)
+                    train(run_cfg, overwrite=True)
                 results.append(RunResult(task, method, seed, run_dir, read_jsonl(run_dir / "metrics.jsonl")))
         figure = Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png"
         task_runs = [r for r in results if r.task == task]

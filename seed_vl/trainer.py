@@ -14,6 +14,7 @@ are reduced, only the main process writes files.
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from accelerate.utils import set_seed
 
 from seed_vl import checkpoint as ckpt
 from seed_vl.analyzer import make_analyzer
-from seed_vl.config import Config, save_config
+from seed_vl.config import Config, ConfigError, save_config
 from seed_vl.distributed import Runtime
 from seed_vl.envs.group import EnvGroup
 from seed_vl.evaluation import evaluate, summarize
@@ -65,7 +66,9 @@ def run_dir_for(config: Config) -> Path:
 
 
 class Trainer:
-    def __init__(self, config: Config, resume: str | None = None) -> None:
+    def __init__(self, config: Config, resume: str | None = None, overwrite: bool = False) -> None:
+        """`resume`: a run directory or checkpoint to continue from. Otherwise the run directory must be empty
+        or absent, unless `overwrite` (its old contents are deleted): two runs never share one."""
         self.config = config
         self.preset = resolve_preset(config.algorithm)  # validates the preset before anything is loaded
         self.runtime = Runtime(cpu=config.model.device == "cpu")
@@ -74,6 +77,8 @@ class Trainer:
         set_seed(config.train.seed, device_specific=False)
 
         self.resume_from = ckpt.resolve_resume(resume) if resume else None
+        if self.resume_from is None:
+            self._claim_run_dir(overwrite)
         # The trainable policy starts from the base weights; a resume then restores its float32 weights.
         self.policy = self._load_policy(trainable=True)
         # The reference policy exists only when the KL term does. Under LoRA it is the policy with its
@@ -111,6 +116,18 @@ class Trainer:
             save_config(config, self.run_dir / "config.yaml")
             if self.resume_from:  # steps after the checkpoint will be logged again: keep only those before it
                 self.logger.rewrite(self.state.metrics)
+
+    def _claim_run_dir(self, overwrite: bool) -> None:
+        if self.run_dir.is_dir() and any(self.run_dir.iterdir()):
+            if not overwrite:
+                raise ConfigError(
+                    f"{self.run_dir} already holds a run: pass --resume {self.run_dir} to continue it, "
+                    "--overwrite to replace it, or set train.run_name"
+                )
+            self.runtime.wait_for_everyone()  # every process has looked before the main one deletes
+            if self.is_main:
+                shutil.rmtree(self.run_dir)
+        self.runtime.wait_for_everyone()
 
     def _load_policy(self, trainable: bool, shared_cache: bool = False) -> Policy:
         model_config = self.config.model.model_copy(update={"device": str(self.runtime.device)})
@@ -405,5 +422,5 @@ def pad_sequences(values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
     return padded, mask
 
 
-def train(config: Config, resume: str | None = None) -> list[dict[str, Any]]:
-    return Trainer(config, resume=resume).train()
+def train(config: Config, resume: str | None = None, overwrite: bool = False) -> list[dict[str, Any]]:
+    return Trainer(config, resume=resume, overwrite=overwrite).train()

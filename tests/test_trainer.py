@@ -206,3 +206,36 @@ def test_eval_command_reports_held_out_success(tiny_vl_path):
     assert set(values) >= {"eval/success_rate", "eval/return", "eval/episode_length", "eval/invalid_action_rate"}
     assert 0.0 <= float(values["eval/success_rate"]) <= 1.0
     assert float(values["eval/episode_length"]) <= 2.0
+
+
+def test_a_second_run_into_the_same_directory_needs_resume_or_overwrite(tmp_path, tiny_text_path):
+    args = ["train", *_overrides(tiny_text_path, tmp_path, "ezpoints_text", **{"train.steps": 0, "eval.num_tasks": 1})]
+    assert _cli(*args).returncode == 0
+    first = (tmp_path / "run" / "metrics.jsonl").read_text()
+
+    proc = _cli(*args)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--resume" in proc.stderr and "--overwrite" in proc.stderr and str(tmp_path / "run") in proc.stderr
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == first  # untouched
+
+    assert _cli(*args, "--overwrite").returncode == 0
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == first  # one run's records, not two
+
+
+def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_an_intact_one(tmp_path, tiny_text_path):
+    args = ["train", *_overrides(tiny_text_path, tmp_path, "ezpoints_text", **{
+        "checkpoint.every": 1, "checkpoint.keep_last": 3, "eval.num_tasks": 1})]
+    assert _cli(*args).returncode == 0
+    newest = tmp_path / "run" / "checkpoints" / "step_000002"
+    weights = newest / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated, as by a full disk
+
+    proc = _cli(*args, "--resume", str(newest))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert str(weights) in proc.stderr and "damaged" in proc.stderr
+
+    proc = _cli(*args, "--resume", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "skipping damaged checkpoint step_000002" in proc.stderr
+    assert [r["step"] for r in _metrics(tmp_path / "run")] == [0, 1, 2]  # step 2 done again from step 1
+    assert list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name == "step_000002"
