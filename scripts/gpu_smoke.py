@@ -130,7 +130,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     if args.fsdp_step:
-        result, _ = one_step(recipe(Path(args.model), out / "runs", "seed", args.device))
+        result, _ = one_step([*recipe(Path(args.model), out / "runs", "seed", args.device), "train.run_name=fsdp2"])
         (out / "fsdp.json").write_text(json.dumps(result))
         return 0
 

@@ -129,7 +129,7 @@ class TrainConfig(Section):
     lr: float = Field(1e-6, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_steps: int = Field(0, ge=0)
-    mini_batch_size: int = Field(8, ge=1)  # trajectories per optimizer step
+    mini_batch_size: int = Field(8, ge=1)  # sampled turns (action samples) per optimizer step
     micro_batch_size: int = Field(8, ge=1)  # sequences per forward pass
     ppo_epochs: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, gt=0.0)

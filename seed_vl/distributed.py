@@ -49,6 +49,10 @@ class Runtime:
         )
         if self.is_fsdp and os.environ.get("FSDP_VERSION", "2") != "2":
             raise ConfigError("accelerate config: fsdp_version must be 2 (FSDP2)")
+        for key, instead in (("FSDP_OFFLOAD_PARAMS", "offloading is not supported"),
+                             ("FSDP_ACTIVATION_CHECKPOINTING", "use model.gradient_checkpointing")):
+            if self.is_fsdp and os.environ.get(key, "").lower() == "true":
+                raise ConfigError(f"accelerate config: fsdp_{key[5:].lower()}: {instead}")
         # DDP: gradients are averaged by hand once per optimizer step, so processes may run different numbers
         # of micro-batches. FSDP2 reduces inside backward and needs every process in lock step instead.
         self.is_ddp = kind in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU) and not self.is_fsdp
@@ -83,8 +87,8 @@ class Runtime:
         warmup = max(1, warmup_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
         model = policy.model
-        if not self.is_fsdp:
-            model, optimizer, scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        if not self.is_fsdp:  # the scheduler stays ours: accelerate would step it once per process under DDP
+            model, optimizer = self.accelerator.prepare(model, optimizer)
         policy.set_forward_module(model)
         self.model, self.policy = model, policy
         return optimizer, scheduler
@@ -130,16 +134,13 @@ class Runtime:
         return grad_norm, applied
 
     def _average_gradients(self) -> None:
-        """Mean of the gradients over processes (each already a token-mean over its own action tokens)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        torch.distributed.all_reduce(flat)
-        flat /= self.num_processes
-        offset = 0
-        for p, g in zip(params, grads, strict=True):
-            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
-            offset += g.numel()
+        """Mean of the gradients over processes, in place (a process without micro-batches adds zeros)."""
+        for param in self.model.parameters():
+            if param.requires_grad:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                torch.distributed.all_reduce(param.grad)
+                param.grad /= self.num_processes
 
     @contextmanager
     def full_weights(self) -> Iterator[None]:
@@ -233,13 +234,19 @@ def _fully_shard(policy: Policy) -> None:
     if not unit_names:
         raise ConfigError(f"FSDP2: {type(model).__name__} names no layer classes (_no_split_modules) to shard")
     mp_policy = MixedPrecisionPolicy(param_dtype=policy.compute_dtype, reduce_dtype=torch.float32)
-    units = [m for m in model.modules() if type(m).__name__ in unit_names]
+    # A frozen vision tower stays whole on every process, outside FSDP: image encoding (on cache misses,
+    # which differ between processes) then never needs a collective.
+    tower = model.get_encoder(modality="image") if policy.is_vision and not policy.vision_tower_trainable else None
+    in_tower = set(tower.modules()) if tower is not None else set()
+    units = [m for m in model.modules() if type(m).__name__ in unit_names and m not in in_tower]
     for unit in units:
         fully_shard(unit, mp_policy=mp_policy)
-    fully_shard(model, mp_policy=mp_policy, reshard_after_forward=False)
-    if policy.is_vision:
+    ignored = set(tower.parameters()) if tower is not None else None
+    fully_shard(model, mp_policy=mp_policy, reshard_after_forward=False, ignored_params=ignored)
+    if policy.vision_tower_trainable:
         # The image cache calls the vision tower outside `forward`: through the root's hooks, so that the
-        # root's own parameters (patch embedding, merger) are gathered first.
+        # root's own parameters (patch embedding, merger) are gathered first. (Processes must then miss the
+        # cache alike: a trainable tower under FSDP2 is untested.)
         register_fsdp_forward_method(model, "get_image_features")
     # FSDP2 initialises itself in the first forward through the root, a collective; run it now, while every
     # process is here, rather than in the first generation, which some processes may not reach.

@@ -11,9 +11,9 @@ frame is encoded once until the weights change (`on_weights_updated`).
 
 Precision (DESIGN §5): a trainable policy keeps its weights in float32 and runs every forward under autocast
 in `compute_dtype`, so an optimizer step of 1e-6 is not rounded away; a frozen policy (the reference, or the
-base weights under LoRA) is held in `compute_dtype` itself. Gradient checkpointing, when enabled, acts in
-the passes that build a graph (`score(..., with_grad=True)`) and nowhere else; the model otherwise stays
-in eval mode, so dropout never fires.
+base weights under LoRA) is held in `compute_dtype` itself, and so is a frozen vision tower. Gradient
+checkpointing, when enabled, acts in update passes (`update_mode()`) and nowhere else; the model otherwise
+stays in eval mode, so dropout never fires outside LoRA's own.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ class Policy:
         self._update_mode_modules = [
             m
             for name, m in model.named_modules()
-            if getattr(m, "gradient_checkpointing", False) or name.rsplit(".", 1)[-1] == "lora_dropout"
+            if getattr(m, "gradient_checkpointing", False)
+            or (".lora_dropout." in name and isinstance(m, torch.nn.Dropout))
         ]
         self._forward_module: torch.nn.Module = model
         self._processor = processor
@@ -179,6 +180,8 @@ class Policy:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         compute_dtype = _DTYPES[dtype]
         lora = lora if trainable else None  # a frozen policy never gets fresh (identity) adapters
+        if lora is not None and not freeze_vision_tower:
+            raise ConfigError("model.lora: adapters go on the language model only; set model.freeze_vision_tower=true")
         adapted = lora is not None or adapter_path is not None
         weights_dtype = torch.float32 if trainable and not adapted else compute_dtype
         is_vision = hasattr(AutoConfig.from_pretrained(path), "vision_config")
@@ -190,6 +193,8 @@ class Policy:
             _enable_checkpointing(model)
         if adapted:
             model = _with_adapters(model, lora, adapter_path, trainable, freeze_vision_tower and is_vision)
+        if is_vision and freeze_vision_tower:  # a frozen tower is held in the compute dtype
+            model.get_encoder(modality="image").to(compute_dtype)
         if is_vision:
             processor = AutoProcessor.from_pretrained(path)
             size = processor.image_processor.size  # transformers' names for Qwen's min/max pixels
@@ -283,21 +288,23 @@ class Policy:
             yield
 
     @contextmanager
-    def _graph_building(self) -> Iterator[None]:
-        """Training-mode flags on exactly the modules whose behaviour should change in an update pass: the
-        checkpointed layers (transformers checkpoints only in training mode) and LoRA's own dropout. The
+    def update_mode(self) -> Iterator[None]:
+        """Wrap an update pass, its forward and its backward: training-mode flags on exactly the modules
+        whose behaviour should change there, the checkpointed layers (transformers checkpoints only in
+        training mode) and LoRA's dropout, which the backward's recompute must see as the forward did. The
         rest stays in eval mode, so attention and hidden dropout keep their eval semantics."""
+        previous = [m.training for m in self._update_mode_modules]
         for m in self._update_mode_modules:
             m.training = True
         try:
             yield
         finally:
-            for m in self._update_mode_modules:
-                m.training = False
+            for m, flag in zip(self._update_mode_modules, previous, strict=True):
+                m.training = flag
 
     def set_forward_module(self, module: torch.nn.Module) -> None:
-        """Run scoring forwards through `module`, e.g. the DDP/FSDP wrapper `accelerate` returns for the
-        model, so gradients synchronise; generation and image encoding keep using the bare model."""
+        """Run scoring forwards through `module`, e.g. the DDP wrapper `accelerate` returns for the model,
+        so gradients synchronise; generation and image encoding keep using the bare model."""
         self._forward_module = module
 
     def on_weights_updated(self) -> None:
@@ -399,7 +406,8 @@ class Policy:
         with_grad: bool = False,
         return_entropy: bool = True,
     ) -> ScoreOutput:
-        """Per-token log-probs (and entropies) of `responses[i]` following `contexts[i]`."""
+        """Per-token log-probs (and entropies) of `responses[i]` following `contexts[i]`. An update pass
+        (`with_grad`) and its backward belong inside `update_mode()`."""
         logprobs: list[torch.Tensor] = [torch.empty(0)] * len(contexts)
         entropies: list[torch.Tensor] = [torch.empty(0)] * len(contexts)
         for indices, batch_logprobs, batch_entropies in self.score_batches(
@@ -456,7 +464,7 @@ class Policy:
         inputs = self._model_inputs(batch, keys, with_grad=with_grad)
         if not keys:  # text positions must skip the left padding (with images, M-RoPE's own index does)
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-        with self.autocast(), self._graph_building() if with_grad else nullcontext():
+        with self.autocast():
             output = self._forward_module(**inputs, use_cache=False, logits_to_keep=longest + 1)
         log_probs = torch.log_softmax(output.logits[:, :-1].float(), dim=-1)
         targets = inputs["input_ids"][:, inputs["input_ids"].shape[1] - longest :]

@@ -186,7 +186,7 @@ def _accumulate_gradients(
     for k in range(num_chunks):
         # FSDP2 lock step: a process out of micro-batches runs a zero-loss pass over one example.
         chunk, weight = (chunks[k], 1.0) if k < len(chunks) else (batch[:1], 0.0)
-        with runtime.accumulating(last=k == num_chunks - 1):
+        with runtime.accumulating(last=k == num_chunks - 1), policy.update_mode():
             logprobs = policy.score(
                 [e.context for e in chunk],
                 [e.response_ids for e in chunk],

@@ -93,6 +93,11 @@ class Trainer:
             if self.preset.skill_source == "analyzer"
             else None
         )
+        if self.runtime.is_fsdp and config.rollout.num_tasks < self.runtime.num_processes:
+            raise ConfigError(
+                f"rollout.num_tasks: {config.rollout.num_tasks} tasks for {self.runtime.num_processes} FSDP2 "
+                "processes; each process needs at least one"
+            )
         self.optimizer, self.scheduler = self.runtime.prepare(
             self.policy, lr=config.train.lr, weight_decay=config.train.weight_decay,
             warmup_steps=config.train.warmup_steps,
@@ -322,23 +327,32 @@ class Trainer:
                 on_minibatch()
                 for key, value in {"grad_norm": grad_norm, **stats}.items():
                     totals[key] = totals.get(key, 0.0) + value
-        # Metrics are per optimizer step (micro-batches already sum to their mini-batch): average them.
+        # Per optimizer step, averaged over steps: each process holds its share of the token-mean loss terms
+        # (the shares add up over processes) and the same global gradient norm.
         steps = num_minibatches * cfg.train.ppo_epochs
-        return runtime.reduce_mean_pairs({key: (value, steps) for key, value in totals.items()})
+        pairs = {key: (value, steps / runtime.num_processes) for key, value in totals.items()}
+        if "grad_norm" in totals:
+            pairs["grad_norm"] = (totals["grad_norm"], steps)
+        return runtime.reduce_mean_pairs(pairs)
 
     def _accumulate_gradients(self, batch, samples, old_lp, teacher_lp, ref_lp) -> tuple[float, dict[str, float]]:
         """Backward of one mini-batch, micro-batch by micro-batch; returns its loss and metrics."""
         cfg = self.config
-        num_tokens = float(sum(len(samples[i].response_ids) for i in batch))
-        num_skill_tokens = float(sum(len(samples[i].response_ids) for i in batch if teacher_lp[i] is not None))
+        # Token-mean over the mini-batch of every process together: processes average their gradients, so
+        # each scales its share by their number (a process with fewer or no tokens weighs accordingly).
+        runtime = self.runtime
+        num_tokens = runtime.reduce_sum(sum(len(samples[i].response_ids) for i in batch))
+        num_skill_tokens = runtime.reduce_sum(
+            sum(len(samples[i].response_ids) for i in batch if teacher_lp[i] is not None)
+        )
         micro = cfg.train.micro_batch_size
         chunks = [batch[k : k + micro] for k in range(0, len(batch), micro)]
-        num_chunks = self.runtime.micro_batches(len(chunks))
+        num_chunks = runtime.micro_batches(len(chunks))
         loss_sum, stats_sum = 0.0, {}
         for k in range(num_chunks):
             # FSDP2 lock step: a process out of micro-batches runs a zero-loss pass over one of its samples.
             rows, weight = (chunks[k], 1.0) if k < len(chunks) else ([0], 0.0)
-            with self.runtime.accumulating(last=k == num_chunks - 1):
+            with runtime.accumulating(last=k == num_chunks - 1), self.policy.update_mode():
                 scores = self.policy.score(
                     [samples[i].context for i in rows], [samples[i].response_ids for i in rows],
                     micro_batch_size=len(rows), with_grad=True,
@@ -360,12 +374,12 @@ class Trainer:
                     num_tokens=num_tokens,
                     num_skill_tokens=num_skill_tokens,
                 )
-                self.runtime.backward(loss * weight)
+                runtime.backward(loss * (weight * runtime.num_processes))
             if weight:
                 loss_sum += loss.item()
                 for key, value in stats.items():
                     stats_sum[key] = stats_sum.get(key, 0.0) + float(value)
-        return loss_sum, stats_sum
+        return runtime.reduce_sum(loss_sum), stats_sum
 
     # ------------------------------------------------------------------------------------------ metrics
     def evaluate(self, prefix: str = "eval") -> dict[str, float]:
