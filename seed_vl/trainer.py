@@ -386,10 +386,14 @@ class Trainer:
         cfg = self.config
         group = self._env_group(self.state.step, split="eval", num_tasks=cfg.eval.num_tasks, group_size=1)
         with self.runtime.full_weights():
-            return evaluate(
+            metrics = evaluate(
                 self.policy, group, self._sampling(cfg.eval.temperature),
                 seed=cfg.train.seed, prefix=prefix, reduce=self.runtime.reduce_mean_pairs,
             )
+        # Evaluation frames are counted here, not in the next training step's cache metrics.
+        metrics.update({f"{prefix}/{k}": v for k, v in self._cache_metrics().items()})
+        self.policy.cache.clear()
+        return metrics
 
     def _rollout_metrics(self, trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
         turns = [t for traj in trajectories for t in traj.turns]

@@ -243,15 +243,12 @@ def test_external_failures_are_counted_errors_and_never_leak_the_key(
     traj = _trajectory("broken")
     analyzer = _external(chat_server, monkeypatch, timeout_s=0.05)
     with caplog.at_level(logging.DEBUG):
-        started = time.perf_counter()
         [result] = analyzer.analyze([traj])
-        elapsed = time.perf_counter() - started
     assert result.status == "error" and traj.skill is None and traj.analyzer_status == "error"
     assert re.search(message, result.error)
     assert chat_server.calls["broken"] == tries
     assert analyzer.counts["error"] == 1
     assert SECRET not in result.error and SECRET not in caplog.text
-    assert elapsed < 3.0  # tiny timeouts and backoff: a failing endpoint does not stall the step
 
 
 def test_external_concurrency_is_bounded(chat_server, monkeypatch):

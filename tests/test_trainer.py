@@ -239,3 +239,17 @@ def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_an_intact_one(tm
     assert "skipping damaged checkpoint step_000002" in proc.stderr
     assert [r["step"] for r in _metrics(tmp_path / "run")] == [0, 1, 2]  # step 2 done again from step 1
     assert list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name == "step_000002"
+
+
+def test_the_image_cache_encodes_each_unique_frame_once_per_step(tmp_path, tiny_vl_path):
+    """A step's encoder calls are its unique frames (rollout, scoring and update share one encoding);
+    evaluation is counted on its own line, not in the next step."""
+    records = train(load_config(None, _overrides(tiny_vl_path, tmp_path, "sokoban_visual", **{
+        "analyzer.backend": "scripted", "eval.every": 1, "eval.num_tasks": 2,
+    })))
+    for record in records[1:]:
+        frames = tmp_path / "run" / "trajectories" / f"step_{record['step']:06d}" / "frames"
+        assert record["cache/encoder_calls"] == len(list(frames.glob("*.png"))) > 0
+        assert record["cache/hits"] == record["cache/images_seen"] - record["cache/encoder_calls"] > 0
+    for record in records:
+        assert record["eval/cache/encoder_calls"] > 0
