@@ -59,8 +59,9 @@ _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|ima
 
 @dataclass
 class Generation:
-    """One sampled response. `token_ids` end at the token that completes the first stop string (or at the
-    last token before EOS, or at `max_new_tokens`); `text` is their decoding."""
+    """One sampled response. `token_ids` end at the token that completes the first stop string, or at the
+    EOS token (kept: the choice to stop is an action token too, trained as in verl), or at
+    `max_new_tokens`; `text` is their decoding without the EOS."""
 
     text: str
     token_ids: list[int]
@@ -378,8 +379,10 @@ class Policy:
         return [self._finish(ids, stop_strings) for ids in new_tokens]
 
     def _finish(self, ids: list[int], stop_strings: Sequence[str]) -> Generation:
-        """Cut a generated row at its first EOS (excluded) or its first completed stop string (included)."""
+        """Cut a generated row at its first completed stop string or its first EOS, whichever comes first
+        (both included in `token_ids`; the EOS is not part of the text)."""
         eos = next((k for k, token in enumerate(ids) if token in self._eos_ids), len(ids))
+        stop_token = ids[eos : eos + 1]
         ids = ids[:eos]
 
         def has_stop(k: int) -> bool:
@@ -391,8 +394,8 @@ class Policy:
             while low < high:
                 mid = (low + high) // 2
                 low, high = (low, mid) if has_stop(mid) else (mid + 1, high)
-            ids = ids[:low]
-        return Generation(text=self._tokenizer.decode(ids), token_ids=ids)
+            return Generation(text=self._tokenizer.decode(ids[:low]), token_ids=ids[:low])
+        return Generation(text=self._tokenizer.decode(ids), token_ids=ids + stop_token)
 
     # ----------------------------------------------------------------------------------------------
     # scoring
@@ -405,13 +408,16 @@ class Policy:
         micro_batch_size: int = 8,
         with_grad: bool = False,
         return_entropy: bool = True,
+        temperature: float = 1.0,
     ) -> ScoreOutput:
-        """Per-token log-probs (and entropies) of `responses[i]` following `contexts[i]`. An update pass
-        (`with_grad`) and its backward belong inside `update_mode()`."""
+        """Per-token log-probs (and entropies) of `responses[i]` following `contexts[i]`, under the
+        distribution sampled at `temperature` (logits / temperature; 0, greedy, scores at 1). An update
+        pass (`with_grad`) and its backward belong inside `update_mode()`."""
         logprobs: list[torch.Tensor] = [torch.empty(0)] * len(contexts)
         entropies: list[torch.Tensor] = [torch.empty(0)] * len(contexts)
         for indices, batch_logprobs, batch_entropies in self.score_batches(
-            contexts, responses, micro_batch_size, with_grad=with_grad, return_entropy=return_entropy
+            contexts, responses, micro_batch_size, with_grad=with_grad, return_entropy=return_entropy,
+            temperature=temperature,
         ):
             for k, i in enumerate(indices):
                 logprobs[i] = batch_logprobs[k]
@@ -427,6 +433,7 @@ class Policy:
         *,
         with_grad: bool = False,
         return_entropy: bool = True,
+        temperature: float = 1.0,
     ) -> Iterator[tuple[list[int], list[torch.Tensor], list[torch.Tensor] | None]]:
         """Score micro-batch by micro-batch, yielding (sample indices, log-probs, entropies or None).
         With `with_grad`, call `backward()` on each micro-batch's loss before asking for the next one."""
@@ -439,7 +446,8 @@ class Policy:
             indices = list(range(start, min(start + micro_batch_size, len(contexts))))
             with torch.set_grad_enabled(with_grad):
                 logprobs, entropies = self._score_micro_batch(
-                    [contexts[i] for i in indices], [responses[i] for i in indices], with_grad, return_entropy
+                    [contexts[i] for i in indices], [responses[i] for i in indices], with_grad, return_entropy,
+                    temperature if temperature > 0 else 1.0,
                 )
             yield indices, logprobs, entropies
 
@@ -454,7 +462,12 @@ class Policy:
         return ids
 
     def _score_micro_batch(
-        self, contexts: list[Context], responses: list[list[int]], with_grad: bool, return_entropy: bool
+        self,
+        contexts: list[Context],
+        responses: list[list[int]],
+        with_grad: bool,
+        return_entropy: bool,
+        temperature: float,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         # Left padding lines every sequence up at the right end, so the logits of all response tokens lie
         # in the last max(len(response)) + 1 positions and only those go through the LM head.
@@ -466,7 +479,7 @@ class Policy:
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
         with self.autocast():
             output = self._forward_module(**inputs, use_cache=False, logits_to_keep=longest + 1)
-        log_probs = torch.log_softmax(output.logits[:, :-1].float(), dim=-1)
+        log_probs = torch.log_softmax(output.logits[:, :-1].float() / temperature, dim=-1)
         targets = inputs["input_ids"][:, inputs["input_ids"].shape[1] - longest :]
         token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         token_entropies = -(log_probs.exp() * log_probs).sum(-1) if return_entropy else None

@@ -17,7 +17,7 @@ import math
 import shutil
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -262,12 +262,13 @@ class Trainer:
     @torch.no_grad()
     def _paired_scores(self, samples: list[ActionSample]):
         """Ordinary and skill-augmented contexts share padded batches and the image-embedding cache."""
-        mb = self.config.train.micro_batch_size
+        mb, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
         responses = [s.response_ids for s in samples]
         with_skill = [i for i, s in enumerate(samples) if s.skill and self.preset.opd_coef > 0]
         contexts = [s.context for s in samples] + [insert_skill(samples[i].context, samples[i].skill) for i in with_skill]
         scored = self.policy.score(
-            contexts, responses + [responses[i] for i in with_skill], micro_batch_size=mb, return_entropy=False
+            contexts, responses + [responses[i] for i in with_skill], micro_batch_size=mb, return_entropy=False,
+            temperature=temperature,
         ).logprobs
         old_lp = scored[: len(samples)]
         teacher_lp: list[torch.Tensor | None] = [None] * len(samples)
@@ -276,11 +277,11 @@ class Trainer:
         ref_lp = None
         if self.config.algorithm.kl_coef > 0:
             ordinary = [s.context for s in samples]
-            if self.reference is not None:
-                ref_lp = self.reference.score(ordinary, responses, micro_batch_size=mb, return_entropy=False).logprobs
-            else:  # LoRA: the base weights are the reference
-                with self.policy.adapters_disabled():
-                    ref_lp = self.policy.score(ordinary, responses, micro_batch_size=mb, return_entropy=False).logprobs
+            reference = self.reference or self.policy  # LoRA: the policy with its adapters disabled
+            with nullcontext() if self.reference else self.policy.adapters_disabled():
+                ref_lp = reference.score(
+                    ordinary, responses, micro_batch_size=mb, return_entropy=False, temperature=temperature
+                ).logprobs
         return old_lp, teacher_lp, ref_lp
 
     def _record_gates(self, samples: list[ActionSample], old_lp, teacher_lp) -> None:
@@ -355,7 +356,7 @@ class Trainer:
             with runtime.accumulating(last=k == num_chunks - 1), self.policy.update_mode():
                 scores = self.policy.score(
                     [samples[i].context for i in rows], [samples[i].response_ids for i in rows],
-                    micro_batch_size=len(rows), with_grad=True,
+                    micro_batch_size=len(rows), with_grad=True, temperature=cfg.rollout.temperature,
                 )
                 logprobs, mask = pad_sequences(scores.logprobs)
                 device = logprobs.device

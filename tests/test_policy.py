@@ -115,12 +115,12 @@ def test_generation_stops_right_after_the_stop_string(text_policy):
     assert stop in stopped.text
 
 
-def test_generation_excludes_eos(tiny_text_path):
+def test_generation_keeps_eos_as_a_token_but_not_in_the_text(tiny_text_path):
     policy = Policy.from_pretrained(tiny_text_path, device="cpu")
     with torch.no_grad():
         policy.model.model.norm.weight.zero_()  # all logits tie: greedy picks id 0, <|endoftext|>
     out = policy.generate([_text_context("hi")], max_new_tokens=5, temperature=0.0)
-    assert out[0].token_ids == [] and out[0].text == ""
+    assert out[0].token_ids == [0] and out[0].text == ""  # stopping is a trained choice
 
 
 @pytest.mark.parametrize("policy_name", ["vl_policy", "text_policy"])
@@ -194,3 +194,16 @@ def test_pixel_limits_reach_the_image_processor(tiny_vl_path):
     assert (size.shortest_edge, size.longest_edge) == (28 * 28, 56 * 56)
     out = policy.processor.image_processor(noise_frame(1, 112), return_tensors="pt")
     assert out["image_grid_thw"].tolist() == [[1, 4, 4]]  # 112x112 downscaled to 56x56
+
+
+def test_scores_follow_the_sampling_temperature(text_policy):
+    """At temperature T the scored distribution is softmax(logits / T): over the whole vocabulary, the
+    probabilities at T = 2 are those at T = 1 raised to 1/2 and renormalised (what the sampler drew from)."""
+    vocab = text_policy.model.get_input_embeddings().num_embeddings
+    contexts = [[{"role": "user", "content": "push the box"}]] * vocab
+    every_token = [[token] for token in range(vocab)]
+    at = {t: torch.cat(text_policy.score(contexts, every_token, micro_batch_size=512, temperature=t,
+                                         return_entropy=False).logprobs) for t in (1.0, 2.0)}
+    assert torch.allclose(at[2.0].exp().sum(), torch.tensor(1.0), atol=1e-4)
+    assert torch.allclose(at[2.0], torch.log_softmax(at[1.0] / 2.0, dim=0), atol=1e-4)
+    assert not torch.allclose(at[2.0], at[1.0], atol=1e-2)
