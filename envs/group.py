@@ -56,6 +56,8 @@ class EnvGroup:
             raise ValueError(f"task_indices must lie in [0, {num_tasks}), got {tasks}")
         self.env_name = env_config.name
         self.group_ids = [t for t in tasks for _ in range(group_size)]
+        # Every episode's index in the whole batch, whichever process plays it: sampling seeds follow it.
+        self.episode_ids = [t * group_size + k for t in tasks for k in range(group_size)]
         self.seeds = [task_seed(env_config, split, step, num_tasks, t) for t in self.group_ids]
         self.envs = [make_env(env_config) for _ in self.seeds]
         self.parallel_workers = env_config.parallel_workers

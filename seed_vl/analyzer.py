@@ -161,8 +161,11 @@ class Analyzer(ABC):
         with self._lock:
             self.counts[key] += n
 
-    def _seed(self, step: int, index: int, attempt: int) -> int:
-        return derive_seed(_SEED_STREAM, self.seed, step, index, attempt)
+    def _seed(self, step: int, trajectories: list[Trajectory], index: int, attempt: int) -> int:
+        """Keyed by the episode's index in the step's whole batch, so that processes splitting a batch
+        draw what one process would."""
+        episode = trajectories[index].episode_id
+        return derive_seed(_SEED_STREAM, self.seed, step, index if episode is None else episode, attempt)
 
     def _first_valid(self, propose: Callable[[int], str]) -> AnalysisResult:
         """Ask `propose(attempt)` up to `attempts` times; the first answer that parses wins."""
@@ -202,7 +205,7 @@ class SelfAnalyzer(Analyzer):
                     temperature=cfg.temperature,
                     top_p=1.0,
                     stop_strings=(),
-                    seeds=[self._seed(step, i, attempt) for i in pending],
+                    seeds=[self._seed(step, trajectories, i, attempt) for i in pending],
                 )
             except Exception as err:  # e.g. out of memory on a long prompt: no skills this step
                 error = f"{type(err).__name__}: {err}"
@@ -231,7 +234,7 @@ class ScriptedAnalyzer(Analyzer):
 
     def _analyze(self, trajectories: list[Trajectory], step: int) -> list[AnalysisResult]:
         def propose(index: int, attempt: int) -> str:
-            rng = random.Random(self._seed(step, index, attempt))
+            rng = random.Random(self._seed(step, trajectories, index, attempt))
             answer = scripted_hindsight(trajectories[index], rng, self.env_config)
             return json.dumps(answer)
 
@@ -272,7 +275,7 @@ class ExternalAnalyzer(Analyzer):
             )
             messages = to_openai_messages(prompt)
             return self._first_valid(
-                lambda attempt: self._complete(messages, self._seed(step, index, attempt))
+                lambda attempt: self._complete(messages, self._seed(step, trajectories, index, attempt))
             )
 
         with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:

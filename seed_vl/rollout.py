@@ -54,7 +54,10 @@ def collect_rollouts(
     observations = [obs for obs, _ in resets]
     infos = [info for _, info in resets]
     trajectories = [
-        Trajectory(env_name=env_name, seed=group.seeds[i], task=infos[i]["task"], group_id=group.group_ids[i])
+        Trajectory(
+            env_name=env_name, seed=group.seeds[i], task=infos[i]["task"], group_id=group.group_ids[i],
+            episode_id=group.episode_ids[i],
+        )
         for i in range(len(resets))
     ]
     histories: list[list[HistoryTurn]] = [[] for _ in resets]
@@ -73,7 +76,7 @@ def collect_rollouts(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             stop_strings=STOP_STRINGS,
-            seeds=[derive_seed(seed, step, i, turn_index) for i in live],
+            seeds=[derive_seed(seed, step, group.episode_ids[i], turn_index) for i in live],
         )
         actions = {}
         for i, gen in zip(live, generations, strict=True):

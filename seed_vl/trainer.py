@@ -403,9 +403,11 @@ class Trainer:
             **summarize(trajectories, prefix),
             "analyzer/success_rate": (len(with_skill), len(trajectories)),
             "analyzer/skill_words": (sum(len(t.skill.split()) for t in with_skill), len(with_skill)),
-            "rollout/tokens_generated": (sum(len(t.response_ids) for t in turns), 1),
         }
-        return self.runtime.reduce_mean_pairs(pairs)
+        return {
+            **self.runtime.reduce_mean_pairs(pairs),
+            "rollout/tokens_generated": self.runtime.reduce_sum(sum(len(t.response_ids) for t in turns)),
+        }
 
     def _cache_metrics(self) -> dict[str, float]:
         stats = self.policy.cache.stats()

@@ -32,6 +32,7 @@ class Trajectory:
     seed: int
     task: str  # the task description shown on the marked task line
     group_id: int
+    episode_id: int | None = None  # index in the whole step's batch, whichever process played it
     turns: list[Turn] = field(default_factory=list)
     won: bool = False
     episode_return: float = 0.0

@@ -142,3 +142,24 @@ def test_fsdp2_shards_every_model_family(tmp_path, tiny_text_path, arch, extra):
     assert _metrics(tmp_path / "run")[-1]["grad_norm"] > 0
     saved = "adapter_model.safetensors" if "model.lora" in extra else "model.safetensors"
     assert load_file(str(checkpoint / "model" / saved))
+
+
+def test_ddp_equals_one_process_on_the_same_data(tmp_path, tiny_vl_path):
+    """Sampling seeds follow each episode's global index, so two processes play exactly the episodes one
+    process plays; with one optimizer step per update (a mini-batch holding every turn), their averaged
+    gradients are the one-process gradient, and the weights agree to summation order."""
+    common = _overrides(tiny_vl_path, tmp_path, "sokoban_visual", **{
+        "analyzer.backend": "scripted", "rollout.num_tasks": 2, "train.mini_batch_size": 64,
+        "train.micro_batch_size": 3, "eval.num_tasks": 2,
+    })
+    _launch(_cpu_variant("multi_gpu.yaml", tmp_path, 2), "train", *common, "train.run_name=ddp", port=29577)
+    _launch(_cpu_variant("single_gpu.yaml", tmp_path, 1), "train", *common, "train.run_name=one", port=29578)
+    ddp, one = _metrics(tmp_path / "ddp"), _metrics(tmp_path / "one")
+    assert [r["step"] for r in ddp] == [r["step"] for r in one] == [0, 1, 2]
+    for a, b in zip(ddp, one, strict=True):
+        for key in ("loss", "grad_norm", "kl", "entropy", "train/return", "eval/success_rate", "env_steps"):
+            if key in b:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    final = [_weights(list_checkpoints(tmp_path / name / "checkpoints")[-1]) for name in ("ddp", "one")]
+    for name, value in final[0].items():
+        assert torch.allclose(value, final[1][name], atol=1e-5), name
