@@ -98,14 +98,19 @@ class Runtime:
         """This process's share of a mini-batch that every process sees whole."""
         return items[self.process_index :: self.num_processes]
 
-    def micro_batches(self, count: int) -> int:
-        """How many micro-batches this process runs for a mini-batch of `count` of its own: its own count,
-        or under FSDP2 the largest over processes (the extra ones are zero-loss passes)."""
-        return int(self.reduce_max(count)) if self.is_fsdp and self.num_processes > 1 else count
+    def micro_batches(self, items: list, size: int, filler: list) -> Iterator[tuple[list, float]]:
+        """This process's mini-batch `items` in micro-batches of `size`, as (micro-batch, loss weight); the
+        backward of each belongs in the loop body. Gradients stay local until the last micro-batch. Under
+        FSDP2 every process runs the largest count (each forward and backward is a collective): the extra
+        ones are zero-weight passes over `filler`."""
+        chunks = [items[k : k + size] for k in range(0, len(items), size)]
+        count = int(self.reduce_max(len(chunks))) if self.is_fsdp and self.num_processes > 1 else len(chunks)
+        for k in range(count):
+            with self._accumulating(last=k == count - 1):
+                yield (chunks[k], 1.0) if k < len(chunks) else (filler, 0.0)
 
     @contextmanager
-    def accumulating(self, last: bool) -> Iterator[None]:
-        """One micro-batch's backward: gradients stay local until the last one of the optimizer step."""
+    def _accumulating(self, last: bool) -> Iterator[None]:
         if self.is_ddp:
             with self.accelerator.no_sync(self.model):
                 yield
@@ -115,8 +120,10 @@ class Runtime:
         else:
             yield
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+    def backward(self, loss: torch.Tensor, weight: float = 1.0) -> None:
+        """Backward of this process's share of a loss normalised over all processes' tokens: processes
+        average their gradients, so the share is scaled by their number."""
+        (loss * (weight * self.num_processes)).backward()
 
     def optimizer_step(self, optimizer, scheduler, loss: float, max_grad_norm: float) -> tuple[float, bool]:
         """Average gradients (DDP), clip, and step unless any process saw a non-finite loss or gradient
@@ -224,8 +231,8 @@ class Runtime:
 
 
 def _fully_shard(policy: Policy) -> None:
-    """FSDP2 over the policy's model: one unit per `_no_split_modules` layer (decoder layers, vision
-    blocks), the rest in the root; parameters all-gathered in the compute dtype, gradients reduced in
+    """FSDP2 over the policy's model: one unit per `_no_split_modules` layer (decoder layers; vision blocks
+    of a trainable tower), the rest in the root; parameters all-gathered in the compute dtype, gradients reduced in
     float32, float32 shards for the optimizer."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 

@@ -193,7 +193,7 @@ class Policy:
         if gradient_checkpointing:
             _enable_checkpointing(model)
         if adapted:
-            model = _with_adapters(model, lora, adapter_path, trainable, freeze_vision_tower and is_vision)
+            model = _with_adapters(model, lora, adapter_path, trainable, exclude_vision_tower=is_vision)
         if is_vision and freeze_vision_tower:  # a frozen tower is held in the compute dtype
             model.get_encoder(modality="image").to(compute_dtype)
         if is_vision:
@@ -589,9 +589,11 @@ def _save_in_dtype(model: PreTrainedModel, out_dir: str | os.PathLike, dtype: to
     """`save_pretrained` of the model's state (or `state`) cast to `dtype`, with a config.json that names
     `dtype`: what a user's `from_pretrained(dtype="auto")` then gets. Tied weights stay one tensor."""
     first_name: dict[int, str] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        first_name.setdefault(id(param), name)
-    tied = {name for name, param in model.named_parameters(remove_duplicate=False) if first_name[id(param)] != name}
+    tied = {
+        name
+        for name, param in model.named_parameters(remove_duplicate=False)
+        if first_name.setdefault(id(param), name) != name
+    }
     state = model.state_dict() if state is None else state
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items() if k not in tied}
     model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)

@@ -178,15 +178,10 @@ def _accumulate_gradients(
     """Backward of one mini-batch's token-mean NLL, this process's share micro-batch by micro-batch.
     Returns (the mini-batch loss over all processes, its response tokens)."""
     num_tokens = sum(len(e.response_ids) for e in batch)
-    mine = runtime.shard(batch)
-    micro = settings.micro_batch_size
-    chunks = [mine[k : k + micro] for k in range(0, len(mine), micro)]
-    num_chunks = runtime.micro_batches(len(chunks))
     loss_sum = 0.0
-    for k in range(num_chunks):
-        # FSDP2 lock step: a process out of micro-batches runs a zero-loss pass over one example.
-        chunk, weight = (chunks[k], 1.0) if k < len(chunks) else (batch[:1], 0.0)
-        with runtime.accumulating(last=k == num_chunks - 1), policy.update_mode():
+    # Under FSDP2 a process out of micro-batches runs zero-weight passes over one example.
+    for chunk, weight in runtime.micro_batches(runtime.shard(batch), settings.micro_batch_size, batch[:1]):
+        with policy.update_mode():
             logprobs = policy.score(
                 [e.context for e in chunk],
                 [e.response_ids for e in chunk],
@@ -195,7 +190,6 @@ def _accumulate_gradients(
                 return_entropy=False,
             ).logprobs
             loss = -torch.cat(logprobs).sum() / num_tokens
-            # processes' gradients are averaged: scale so that their mean is the whole mini-batch's
-            runtime.backward(loss * (weight * runtime.num_processes))
+            runtime.backward(loss, weight)
         loss_sum += weight * loss.item()
     return runtime.reduce_sum(loss_sum), num_tokens

@@ -346,14 +346,10 @@ class Trainer:
         num_skill_tokens = runtime.reduce_sum(
             sum(len(samples[i].response_ids) for i in batch if teacher_lp[i] is not None)
         )
-        micro = cfg.train.micro_batch_size
-        chunks = [batch[k : k + micro] for k in range(0, len(batch), micro)]
-        num_chunks = runtime.micro_batches(len(chunks))
         loss_sum, stats_sum = 0.0, {}
-        for k in range(num_chunks):
-            # FSDP2 lock step: a process out of micro-batches runs a zero-loss pass over one of its samples.
-            rows, weight = (chunks[k], 1.0) if k < len(chunks) else ([0], 0.0)
-            with runtime.accumulating(last=k == num_chunks - 1), self.policy.update_mode():
+        # Under FSDP2 a process out of micro-batches runs zero-weight passes over one of its samples.
+        for rows, weight in runtime.micro_batches(batch, cfg.train.micro_batch_size, filler=[0]):
+            with self.policy.update_mode():
                 scores = self.policy.score(
                     [samples[i].context for i in rows], [samples[i].response_ids for i in rows],
                     micro_batch_size=len(rows), with_grad=True, temperature=cfg.rollout.temperature,
@@ -375,7 +371,7 @@ class Trainer:
                     num_tokens=num_tokens,
                     num_skill_tokens=num_skill_tokens,
                 )
-                runtime.backward(loss * (weight * runtime.num_processes))
+                runtime.backward(loss, weight)
             if weight:
                 loss_sum += loss.item()
                 for key, value in stats.items():
