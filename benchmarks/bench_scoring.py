@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from seed_vl.policy import Policy
-from seed_vl.tiny_model import build_tiny_model
+from seed_vl.toy.tiny_model import build_tiny_model
 
 TURNS, HISTORY, RESPONSE_TOKENS, MICRO_BATCH = 8, 2, 32, 8
 # Qwen2.5-VL-3B: ViT 32 x (1280 wide, MLP 3420) ~ 0.63B per patch; LM 36 x (2048 wide, MLP 11008, 2 KV heads)

@@ -21,7 +21,7 @@ import tempfile
 import torch
 
 from seed_vl.config import load_config
-from seed_vl.tiny_model import build_tiny_model
+from seed_vl.toy.tiny_model import build_tiny_model
 from seed_vl.trainer import Trainer
 
 PHASES = ("time/rollout", "time/analysis", "time/scoring", "time/update")

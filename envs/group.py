@@ -54,12 +54,27 @@ class EnvGroup:
         tasks = list(range(num_tasks)) if task_indices is None else list(task_indices)
         if any(not 0 <= t < num_tasks for t in tasks):
             raise ValueError(f"task_indices must lie in [0, {num_tasks}), got {tasks}")
+        group_ids = [t for t in tasks for _ in range(group_size)]
+        self._setup(
+            env_config,
+            seeds=[task_seed(env_config, split, step, num_tasks, t) for t in group_ids],
+            group_ids=group_ids,
+            # Every episode's index in the whole batch, whichever process plays it: sampling seeds follow it.
+            episode_ids=[t * group_size + k for t in tasks for k in range(group_size)],
+        )
+
+    @classmethod
+    def of_seeds(cls, env_config: EnvConfig, seeds: Iterable[int]) -> EnvGroup:
+        """One episode per seed, each its own group: scripted play outside the train/eval schedule."""
+        seeds = list(seeds)
+        group = cls.__new__(cls)
+        group._setup(env_config, seeds=seeds, group_ids=list(range(len(seeds))), episode_ids=list(range(len(seeds))))
+        return group
+
+    def _setup(self, env_config: EnvConfig, *, seeds: list[int], group_ids: list[int], episode_ids: list[int]) -> None:
         self.env_name = env_config.name
-        self.group_ids = [t for t in tasks for _ in range(group_size)]
-        # Every episode's index in the whole batch, whichever process plays it: sampling seeds follow it.
-        self.episode_ids = [t * group_size + k for t in tasks for k in range(group_size)]
-        self.seeds = [task_seed(env_config, split, step, num_tasks, t) for t in self.group_ids]
-        self.envs = [make_env(env_config) for _ in self.seeds]
+        self.seeds, self.group_ids, self.episode_ids = seeds, group_ids, episode_ids
+        self.envs = [make_env(env_config) for _ in seeds]
         self.parallel_workers = env_config.parallel_workers
 
     def __len__(self) -> int:

@@ -134,7 +134,7 @@ def main() -> int:
         (out / "fsdp.json").write_text(json.dumps(result))
         return 0
 
-    from seed_vl.tiny_model import build_tiny_model
+    from seed_vl.toy.tiny_model import build_tiny_model
 
     start = time.perf_counter()
     model = out / f"qwen2_5_vl_{args.size}"

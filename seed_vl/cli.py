@@ -27,7 +27,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> None:
-    from seed_vl.tiny_model import build_tiny_model
+    from seed_vl.toy.tiny_model import build_tiny_model
 
     out = build_tiny_model(args.out, text_only=args.text_only, seed=args.seed, arch=args.arch)
     print(f"tiny model written to {out}")
@@ -76,19 +76,19 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 
 def _cmd_warmstart(args: argparse.Namespace) -> None:
-    from seed_vl.warmstart import run_warmstart
+    from seed_vl.toy.warmstart import run_warmstart
 
     print(f"warm-started model: {run_warmstart(_config(args))}")
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> None:
-    from seed_vl.reproduce import reproduce
+    from seed_vl.toy.reproduce import reproduce
 
     print(f"results written to {reproduce(args.config, args.overrides)}")
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
-    from seed_vl.demo import run_demo
+    from seed_vl.toy.demo import run_demo
 
     run_demo(args.config, args.overrides)
 
@@ -97,7 +97,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], None]]] = {
     "train": ("stage 2: RL with SEED or a baseline preset (algorithm.preset=grpo|opsd|sdar|seed)", _cmd_train),
     "eval": ("success rate and return of model.path on held-out seeds", _cmd_eval),
     "collect": ("stage 1: roll out the base policy and label trajectories with an analyzer", _cmd_collect),
-    "sft": ("stage 1: fine-tune on analyzer prompt -> JSON pairs (and solver demonstrations)", _cmd_sft),
+    "sft": ("stage 1: fine-tune on analyzer prompt -> JSON pairs", _cmd_sft),
     "export": ("write a checkpoint's model as a plain HF checkpoint (LoRA adapters merged)", _cmd_export),
     "make-tiny-model": ("build the tiny Qwen-architecture model used by tests and the CPU demo", _cmd_make_tiny_model),
     "warmstart": ("the tiny model's stand-in for pretraining (cached; not part of SEED)", _cmd_warmstart),

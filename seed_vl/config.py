@@ -164,11 +164,9 @@ class CollectConfig(Section):
 
 
 class SFTConfig(Section):
-    """Stage 1, step 3 (and solver demonstrations): supervised fine-tuning, loss on answer tokens only."""
+    """Stage 1, step 3: supervised fine-tuning on analyzer pairs, loss on answer tokens only."""
 
     data: list[str] = []  # dataset directories written by `seed-vl collect`
-    demonstrations: int = Field(0, ge=0)  # solver demonstration episodes to add (action tokens only)
-    demo_skill_fraction: float = Field(0.0, ge=0.0, le=1.0)  # share of demo contexts with a scripted skill
     epochs: int = Field(3, ge=1)
     lr: float = Field(2e-6, gt=0.0)
     batch_size: int = Field(8, ge=1)

@@ -12,7 +12,7 @@ from seed_vl.trajectory import Trajectory
 EVAL_STEP = -1  # sampling seeds of evaluations are the same at every evaluation: runs compare like for like
 
 
-def summarize(trajectories: list[Trajectory], prefix: str) -> dict[str, tuple[float, float]]:
+def episode_stats(trajectories: list[Trajectory], prefix: str) -> dict[str, tuple[float, float]]:
     """(sum, count) per metric, so that processes can add theirs before dividing."""
     n = len(trajectories)
     turns = [t for traj in trajectories for t in traj.turns]
@@ -38,13 +38,12 @@ def evaluate(
     reduce: Callable[[dict[str, tuple[float, float]]], dict[str, float]] = _local_mean,
 ) -> dict[str, float]:
     trajectories = collect_rollouts(policy, group, sampling, seed=seed, step=EVAL_STEP)
-    return reduce(summarize(trajectories, prefix))
+    return reduce(episode_stats(trajectories, prefix))
 
 
 def run_evaluation(config) -> dict[str, float]:
     """`seed-vl eval`: evaluate `config.model.path` on `config.eval.num_tasks` held-out tasks."""
     policy = Policy.from_config(config.model, trainable=False, seed=config.train.seed)
     group = EnvGroup(config.env, num_tasks=config.eval.num_tasks, group_size=1, split="eval")
-    r = config.rollout
-    sampling = SamplingSettings(r.max_new_tokens, config.eval.temperature, r.top_p, r.history_window)
+    sampling = SamplingSettings.from_config(config.rollout, temperature=config.eval.temperature)
     return evaluate(policy, group, sampling, seed=config.train.seed)

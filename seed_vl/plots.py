@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,8 @@ import yaml
 from matplotlib.figure import Figure
 
 from seed_vl.config import ConfigError
-from seed_vl.io import atomic_write_bytes, read_jsonl
+from seed_vl.io import atomic_write_bytes
+from seed_vl.tracking import read_metrics
 
 DEFAULT_METRICS = ("success_rate", "return")
 PANEL_PX = (560, 420)  # width, height of one panel in the PNG
@@ -54,19 +54,12 @@ class Run:
 
 
 def load_run(run_dir: str | Path, label: str | None = None) -> Run:
-    """Read `metrics.jsonl` (a torn last line of a live run is skipped) and, without `label`, name the run
-    `<algorithm.preset> / <env.name>` from its config.yaml."""
+    """A run's metrics (`tracking.read_metrics`) and, without `label`, its name `<algorithm.preset> /
+    <env.name>` from its config.yaml."""
     path = Path(run_dir)
-    metrics = path / "metrics.jsonl"
     if not path.is_dir():
         raise ConfigError(f"run directory not found: {path}")
-    if not metrics.is_file():
-        raise ConfigError(f"{path} has no metrics.jsonl")
-    records = read_jsonl(
-        metrics, on_bad_line=lambda n, _: warnings.warn(f"{metrics}:{n}: skipped a bad line", stacklevel=2)
-    )
-    by_step = {record["step"]: record for record in records if isinstance(record.get("step"), int)}
-    return Run(path, label or _default_label(path), [by_step[s] for s in sorted(by_step)])
+    return Run(path, label or _default_label(path), read_metrics(path))
 
 
 def _default_label(run_dir: Path) -> str:

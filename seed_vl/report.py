@@ -117,7 +117,7 @@ class Frames:
 
 
 # ------------------------------------------------------------------------------------------------- summary
-def summarize(records: list[dict[str, Any]]) -> dict[str, str]:
+def summary_rows(records: list[dict[str, Any]]) -> dict[str, str]:
     """Summary table rows (label -> formatted value) over `records`."""
     turns = [turn for record in records for turn in record["turns"]]
     gates = [g for turn in turns for g in turn.get("gates") or ()]
@@ -330,7 +330,7 @@ def write_report(
         raise ConfigError(f"{steps[step] / 'trajectories.jsonl'} holds no trajectories")
     out = Path(out) if out is not None else run_dir / f"report_step_{step}.html"
     frames, shown = Frames(steps[step] / "frames"), records[:max_episodes]
-    summary = {"episodes shown": f"{len(shown)} of {len(records)}", **summarize(records)}
+    summary = {"episodes shown": f"{len(shown)} of {len(records)}", **summary_rows(records)}
 
     gif_links: list[str | None] = []
     for number, record in enumerate(shown, 1):

@@ -1,8 +1,10 @@
 """Grouped multi-turn rollouts (DESIGN §1 stage 2 step 1: the frozen current policy is the actor).
 
-Every turn, all live episodes of all groups are answered in one batched `generate` call. Each episode keeps
-its own history; the context shows the last K turns. Sampling seeds derive from (seed, step, episode, turn),
-so a rollout depends only on the weights and those numbers: the same on a resumed run.
+`play_episodes` is the one episode loop: every turn, all live episodes of all groups are answered by one
+call of an actor (the policy's batched `generate` here; solver and random actors for the toy's
+demonstrations). Each episode keeps its own history; the context shows the last K turns. Sampling seeds
+derive from (seed, step, episode, turn), so a rollout depends only on the weights and those numbers: the
+same on a resumed run.
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
+from seed_vl.config import RolloutConfig
 from seed_vl.envs.group import EnvGroup
-from seed_vl.policy import Policy
+from seed_vl.policy import Context, Generation, Policy
+from seed_vl.processors.images import ImageSettings
 from seed_vl.processors.messages import HistoryTurn, build_messages
 from seed_vl.processors.parsing import parse_action
 from seed_vl.trajectory import Trajectory, Turn
+from seed_vl.vision_cache import image_key
 
 STOP_STRINGS = ("</action>",)
 
@@ -31,6 +37,26 @@ class SamplingSettings:
     temperature: float
     top_p: float = 1.0
     history_window: int = 2
+
+    @classmethod
+    def from_config(cls, rollout: RolloutConfig, temperature: float | None = None) -> SamplingSettings:
+        """The recipe's rollout sampling; `temperature` overrides it (evaluation samples at its own)."""
+        t = rollout.temperature if temperature is None else temperature
+        return cls(rollout.max_new_tokens, t, rollout.top_p, rollout.history_window)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the actor sees at one turn of one live episode: the chat context and the env's info (task,
+    admissible actions)."""
+
+    episode: int  # index into the group
+    turn: int
+    context: Context
+    info: dict[str, Any]
+
+
+Actor = Callable[[list[Prompt]], list[Generation]]  # one response per prompt, in order
 
 
 def derive_seed(*parts: int) -> int:
@@ -48,7 +74,36 @@ def collect_rollouts(
     step: int,
     on_episode_end: Callable[[], None] | None = None,
 ) -> list[Trajectory]:
-    """Play one episode in every environment of `group`; returns one Trajectory per environment."""
+    """Play one episode in every environment of `group` with the policy as the actor: all live episodes
+    of a turn are answered by one batched `generate` call."""
+
+    def generate(prompts: list[Prompt]) -> list[Generation]:
+        return policy.generate(
+            [p.context for p in prompts],
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop_strings=STOP_STRINGS,
+            seeds=[derive_seed(seed, step, group.episode_ids[p.episode], p.turn) for p in prompts],
+        )
+
+    return play_episodes(
+        group, generate, history_window=sampling.history_window, image_settings=policy.image_settings,
+        on_episode_end=on_episode_end,
+    )
+
+
+def play_episodes(
+    group: EnvGroup,
+    actor: Actor,
+    *,
+    history_window: int,
+    image_settings: ImageSettings | None,
+    on_episode_end: Callable[[], None] | None = None,
+) -> list[Trajectory]:
+    """The episode loop: one episode in every environment of `group`, turn by turn. Each episode keeps its
+    own history; its context shows the last `history_window` turns; output that does not parse is an
+    invalid action. Returns one Trajectory per environment."""
     env_name = group.env_name
     resets = group.reset()
     observations = [obs for obs, _ in resets]
@@ -62,34 +117,29 @@ def collect_rollouts(
     ]
     histories: list[list[HistoryTurn]] = [[] for _ in resets]
     live = list(range(len(resets)))
-    turn_index = 0
+    turn = 0
     while live:
-        contexts = [
-            build_messages(
-                env_name, observations[i], infos[i], histories[i], sampling.history_window, policy.image_settings
+        prompts = [
+            Prompt(
+                i, turn, build_messages(env_name, observations[i], infos[i], histories[i], history_window, image_settings),
+                infos[i],
             )
             for i in live
         ]
-        generations = policy.generate(
-            contexts,
-            max_new_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            stop_strings=STOP_STRINGS,
-            seeds=[derive_seed(seed, step, group.episode_ids[i], turn_index) for i in live],
-        )
-        actions = {}
-        for i, gen in zip(live, generations, strict=True):
-            actions[i] = parse_action(gen.text, infos[i].get("admissible_actions"))
+        generations = actor(prompts)
+        actions = {
+            i: parse_action(gen.text, infos[i].get("admissible_actions")) for i, gen in zip(live, generations, strict=True)
+        }
         results = group.step({i: action for i, (action, _) in actions.items()})
         still_live = []
-        for i, context, gen in zip(live, contexts, generations, strict=True):
+        for prompt, gen in zip(prompts, generations, strict=True):
+            i = prompt.episode
             obs, reward, terminated, truncated, info = results[i]
             action, parsed_ok = actions[i]
             valid = bool(info.get("action_valid", parsed_ok))
             trajectories[i].turns.append(
                 Turn(
-                    context=context,
+                    context=prompt.context,
                     response_text=gen.text,
                     response_ids=list(gen.token_ids),
                     action=action,
@@ -110,7 +160,7 @@ def collect_rollouts(
             else:
                 still_live.append(i)
         live = still_live
-        turn_index += 1
+        turn += 1
     for traj in trajectories:
         traj.episode_return = sum(t.reward for t in traj.turns)
     return trajectories
@@ -118,9 +168,7 @@ def collect_rollouts(
 
 def frame_id(image: Image.Image) -> str:
     """Content hash of a frame: the same pixels are stored (and encoded) once."""
-    h = hashlib.sha1(f"{image.mode}:{image.size}".encode())
-    h.update(image.tobytes())
-    return h.hexdigest()[:20]
+    return image_key(image, settings="")[:20]
 
 
 def save_trajectories(

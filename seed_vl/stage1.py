@@ -9,15 +9,13 @@ analyzer and writes a dataset directory:
     dataset.json         counts: trajectories, labelled, no skill, analyzer errors, success rate
     config.yaml          the resolved config, secrets redacted
 
-`sft` fine-tunes on the analyzer pairs of `sft.data` (loss on the answer tokens) plus `sft.demonstrations`
-solver demonstrations (loss on the action tokens), writing metrics, checkpoints and the final model in
-`sft.out_dir`.
+`sft` fine-tunes on the analyzer pairs of `sft.data` (loss on the answer tokens), writing metrics,
+checkpoints and the final model in `sft.out_dir`.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -27,21 +25,18 @@ from PIL import Image
 
 from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyzer
 from seed_vl.checkpoint import TrainerState, load_trainer_state, resolve_resume, save_checkpoint
-from seed_vl.config import Config, ConfigError, EnvConfig, save_config
-from seed_vl.demonstrations import play_demonstrations
+from seed_vl.config import Config, ConfigError, save_config
 from seed_vl.distributed import Runtime
 from seed_vl.envs.group import EnvGroup
 from seed_vl.io import atomic_directory, atomic_write_text
 from seed_vl.policy import Policy
-from seed_vl.processors.images import ImageSettings
 from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed, frame_id, save_trajectories
 from seed_vl.sft import SFTExample, SFTResult, SFTSettings, train_sft
-from seed_vl.skills import insert_skill
 from seed_vl.tracking import MetricsLogger, Phase
 from seed_vl.trajectory import Trajectory, map_images
 
 # Seed streams of stage 1's own draws: never equal to a stage 2 rollout seed of the same run.
-_COLLECT_STREAM, _DEMO_STREAM = 0x5F1C, 0xDE30
+_COLLECT_STREAM = 0x5F1C
 SFT_FILE, TRAJECTORIES_FILE, FRAMES_DIR = "sft.jsonl", "trajectories.jsonl", "frames"
 
 
@@ -54,7 +49,7 @@ def collect(config: Config) -> Path:
     policy = Policy.from_config(config.model, trainable=False, seed=config.train.seed)
     analyzer = make_analyzer(config.analyzer, config.env, policy=policy, seed=config.train.seed)
     r = config.rollout
-    sampling = SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.history_window)
+    sampling = SamplingSettings.from_config(r)
     rollout_seed = derive_seed(_COLLECT_STREAM, config.train.seed)
     chunks = [list(range(t, min(t + r.num_tasks, c.num_tasks))) for t in range(0, c.num_tasks, r.num_tasks)]
     counts: Counter[str] = Counter()
@@ -121,15 +116,12 @@ def _append_sft_records(
 
 # ---------------------------------------------------------------------------------------------------- sft
 def sft(config: Config, resume: str | None = None) -> Path:
-    """Fine-tune `model.path` on the analyzer datasets of `sft.data` plus `sft.demonstrations` solver
-    demonstrations; returns the final model's directory, `sft.out_dir/model`. Runs under `accelerate
+    """Fine-tune `model.path` on the analyzer datasets of `sft.data`; returns the final model's directory, `sft.out_dir/model`. Runs under `accelerate
     launch` like `train`. Without `resume`, a rerun replaces the previous run's metrics, checkpoints and
     model in `sft.out_dir`; with it (`sft.out_dir` or one of its checkpoints), training continues."""
     s = config.sft
-    if not s.data and not s.demonstrations:
-        raise ConfigError(
-            "sft.data: nothing to train on (give dataset directories or sft.demonstrations > 0)"
-        )
+    if not s.data:
+        raise ConfigError("sft.data: nothing to train on (give dataset directories written by `seed-vl collect`)")
     out_dir = Path(s.out_dir)
     resume_from = resolve_resume(resume) if resume else None
     datasets = {directory: load_analysis_examples(directory) for directory in s.data}  # before the model
@@ -142,15 +134,6 @@ def sft(config: Config, resume: str | None = None) -> Path:
                 f"sft.data: {directory} holds image prompts but {config.model.path} is a text-only model"
             )
     analysis = [example for pairs in datasets.values() for example in pairs]
-    demonstrations = demonstration_examples(
-        config.env,
-        s.demonstrations,
-        seed=config.env.train_seed_start,
-        history_window=config.rollout.history_window,
-        image_settings=policy.image_settings,
-        skill_fraction=s.demo_skill_fraction,
-        rng=random.Random(derive_seed(_DEMO_STREAM, config.train.seed)),
-    )
 
     metrics: list[dict[str, Any]] = load_trainer_state(resume_from).metrics if resume_from else []
     if runtime.is_main:
@@ -195,7 +178,7 @@ def sft(config: Config, resume: str | None = None) -> Path:
     )
     result = train_sft(
         policy,
-        analysis + demonstrations,
+        analysis,
         settings,
         runtime=runtime,
         resume_from=resume_from,
@@ -207,17 +190,16 @@ def sft(config: Config, resume: str | None = None) -> Path:
     logger.close()
     model_state = runtime.model_state_for_export()
     if runtime.is_main:
-        _write_summary(out_dir, result, analysis=len(analysis), demonstrations=len(demonstrations))
+        _write_summary(out_dir, result, analysis=len(analysis))
         with atomic_directory(out_dir / "model") as tmp:
             policy.save_pretrained(tmp, state_dict=model_state)
     runtime.wait_for_everyone()
     return out_dir / "model"
 
 
-def _write_summary(out_dir: Path, result: SFTResult, *, analysis: int, demonstrations: int) -> None:
+def _write_summary(out_dir: Path, result: SFTResult, *, analysis: int) -> None:
     summary = {
         "analyzer_examples": analysis,
-        "demonstration_examples": demonstrations,
         "trained_on": result.examples,
         "skipped_too_long": result.skipped_too_long,
         "steps": result.steps,
@@ -290,34 +272,3 @@ def _has_images(context: list[dict[str, Any]]) -> bool:
         isinstance(m["content"], list) and any(item["type"] == "image" for item in m["content"])
         for m in context
     )
-
-
-def demonstration_examples(
-    env_config: EnvConfig,
-    num_episodes: int,
-    *,
-    seed: int,
-    history_window: int,
-    image_settings: ImageSettings | None,
-    skill_fraction: float,
-    rng: random.Random,
-) -> list[SFTExample]:
-    """One example per turn of `num_episodes` solver demonstrations (see `play_demonstrations`); with
-    probability `skill_fraction` a turn's context carries its episode's scripted skill, which teaches that
-    skill text in context is worth following."""
-    episodes = play_demonstrations(
-        env_config,
-        num_episodes,
-        seed=seed,
-        history_window=history_window,
-        image_settings=image_settings,
-        rng=rng,
-    )
-    return [
-        SFTExample(
-            insert_skill(turn.context, episode.skill) if rng.random() < skill_fraction else turn.context,
-            turn.response_text,
-        )
-        for episode in episodes
-        for turn in episode.turns
-    ]

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,10 +17,22 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 from tqdm.auto import tqdm
 
-from seed_vl.config import to_dict
-from seed_vl.io import append_jsonl, atomic_write_text
+from seed_vl.config import ConfigError, to_dict
+from seed_vl.io import append_jsonl, atomic_write_text, read_jsonl
 
 T = TypeVar("T")
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl, one record per step in step order: a torn or bad line (a live run being
+    written) is skipped with a warning, and a step logged twice keeps its last record."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} has no {METRICS_FILE}")
+    records = read_jsonl(path, on_bad_line=lambda n, _: warnings.warn(f"{path}:{n}: skipped a bad line", stacklevel=3))
+    by_step = {record["step"]: record for record in records if isinstance(record.get("step"), int)}
+    return [by_step[step] for step in sorted(by_step)]
 
 
 class MetricsLogger:
@@ -33,7 +46,7 @@ class MetricsLogger:
         project: str = "seed-vl",
         run_name: str = "",
     ) -> None:
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / METRICS_FILE
         self.enabled = enabled
         self._wandb = None
         if enabled and use_wandb:

@@ -30,7 +30,7 @@ from seed_vl.analyzer import make_analyzer
 from seed_vl.config import Config, ConfigError, save_config
 from seed_vl.distributed import Runtime
 from seed_vl.envs.group import EnvGroup
-from seed_vl.evaluation import evaluate, summarize
+from seed_vl.evaluation import episode_stats, evaluate
 from seed_vl.losses import group_advantages, opd_gate, policy_loss, resolve_preset, shaped_return
 from seed_vl.policy import Policy
 from seed_vl.rollout import SamplingSettings, collect_rollouts, save_trajectories
@@ -45,11 +45,16 @@ class NonFiniteError(RuntimeError):
 
 @dataclass
 class ActionSample:
-    """One turn's sampled response, the unit of scoring, with its trajectory's advantage and skill."""
+    """One turn's sampled response, the unit of scoring, with its trajectory's advantage and skill, and the
+    per-token log-probs step 3 gives it at the rollout weights: l_old always, l_skill only when it has a
+    skill (and the preset distils), l_ref only when the KL term is on."""
 
     turn: Turn
     advantage: float
     skill: str | None
+    old_logprobs: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
 
     @property
     def context(self) -> list[dict[str, Any]]:
@@ -197,9 +202,9 @@ class Trainer:
         # 3. Paired re-scoring: l_old (ordinary context) and l_skill (skill inserted), l_ref when KL > 0.
         samples = self._action_samples(trajectories)
         with self._phase(step, "scoring", len(samples), "actions") as bar, self.runtime.full_weights():
-            old_lp, teacher_lp, ref_lp = self._paired_scores(samples)
+            self._paired_scores(samples)
             bar.update(len(samples))
-        self._record_gates(samples, old_lp, teacher_lp)
+        self._record_gates(samples)
         if self.is_main:
             save_trajectories(
                 trajectories, self.run_dir / "trajectories" / f"step_{step:06d}", tokenizer=self.policy.tokenizer
@@ -207,7 +212,7 @@ class Trainer:
 
         # 4. Update: GRPO + lambda * gated OPD, token-mean over action tokens, gradients on the student only.
         with self._phase(step, "update", None, "mini-batches") as bar:
-            loss_metrics = self._update(samples, old_lp, teacher_lp, ref_lp, on_minibatch=bar.update)
+            loss_metrics = self._update(samples, on_minibatch=bar.update)
         cache_metrics = self._cache_metrics()
         self.policy.on_weights_updated()  # cached image embeddings belong to the old weights
 
@@ -235,8 +240,7 @@ class Trainer:
         )
 
     def _sampling(self, temperature: float) -> SamplingSettings:
-        r = self.config.rollout
-        return SamplingSettings(r.max_new_tokens, temperature, r.top_p, r.history_window)
+        return SamplingSettings.from_config(self.config.rollout, temperature=temperature)
 
     def _attach_skills(self, trajectories: list[Trajectory], step: int) -> None:
         if self.preset.skill_source == "analyzer":
@@ -260,37 +264,39 @@ class Trainer:
         ]
 
     @torch.no_grad()
-    def _paired_scores(self, samples: list[ActionSample]):
+    def _paired_scores(self, samples: list[ActionSample]) -> None:
         """Ordinary and skill-augmented contexts share padded batches and the image-embedding cache."""
         mb, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
         responses = [s.response_ids for s in samples]
-        with_skill = [i for i, s in enumerate(samples) if s.skill and self.preset.opd_coef > 0]
-        contexts = [s.context for s in samples] + [insert_skill(samples[i].context, samples[i].skill) for i in with_skill]
+        with_skill = [s for s in samples if s.skill and self.preset.opd_coef > 0]
         scored = self.policy.score(
-            contexts, responses + [responses[i] for i in with_skill], micro_batch_size=mb, return_entropy=False,
-            temperature=temperature,
+            [s.context for s in samples] + [insert_skill(s.context, s.skill) for s in with_skill],
+            responses + [s.response_ids for s in with_skill],
+            micro_batch_size=mb, return_entropy=False, temperature=temperature,
         ).logprobs
-        old_lp = scored[: len(samples)]
-        teacher_lp: list[torch.Tensor | None] = [None] * len(samples)
-        for i, lp in zip(with_skill, scored[len(samples) :], strict=True):
-            teacher_lp[i] = lp
-        ref_lp = None
+        for sample, logprobs in zip(samples + with_skill, scored, strict=True):
+            if sample.old_logprobs is None:
+                sample.old_logprobs = logprobs
+            else:
+                sample.teacher_logprobs = logprobs
         if self.config.algorithm.kl_coef > 0:
-            ordinary = [s.context for s in samples]
             reference = self.reference or self.policy  # LoRA: the policy with its adapters disabled
             with nullcontext() if self.reference else self.policy.adapters_disabled():
-                ref_lp = reference.score(
-                    ordinary, responses, micro_batch_size=mb, return_entropy=False, temperature=temperature
+                scored = reference.score(
+                    [s.context for s in samples], responses, micro_batch_size=mb, return_entropy=False,
+                    temperature=temperature,
                 ).logprobs
-        return old_lp, teacher_lp, ref_lp
+            for sample, logprobs in zip(samples, scored, strict=True):
+                sample.ref_logprobs = logprobs
 
-    def _record_gates(self, samples: list[ActionSample], old_lp, teacher_lp) -> None:
+    def _record_gates(self, samples: list[ActionSample]) -> None:
         """The OPD gate of every action token at the rollout weights (where the update starts), for reports."""
         if not self.preset.opd_coef:
             return
         beta = self.config.algorithm.gate_beta
-        for sample, old, teacher in zip(samples, old_lp, teacher_lp, strict=True):
-            if teacher is not None:
+        for sample in samples:
+            if sample.teacher_logprobs is not None:
+                old, teacher = sample.old_logprobs, sample.teacher_logprobs
                 gate = opd_gate(old, teacher, beta) if self.preset.use_gate else torch.ones_like(old)
                 sample.turn.gates = gate.tolist()
 
@@ -301,7 +307,7 @@ class Trainer:
             yield bar
         self._timings[f"time/{name}"] = bar.seconds
 
-    def _update(self, samples, old_lp, teacher_lp, ref_lp, on_minibatch) -> dict[str, float]:
+    def _update(self, samples: list[ActionSample], on_minibatch) -> dict[str, float]:
         cfg, runtime = self.config, self.runtime
         generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + self.state.step)
         mb = cfg.train.mini_batch_size
@@ -313,7 +319,7 @@ class Trainer:
             order = torch.randperm(len(samples), generator=generator).tolist()
             for k in range(num_minibatches):
                 batch = order[k * mb : (k + 1) * mb]
-                loss_sum, stats = self._accumulate_gradients(batch, samples, old_lp, teacher_lp, ref_lp)
+                loss_sum, stats = self._accumulate_gradients([samples[i] for i in batch], filler=samples[:1])
                 grad_norm, applied = runtime.optimizer_step(
                     self.optimizer, self.scheduler, loss_sum, cfg.train.max_grad_norm
                 )
@@ -336,37 +342,42 @@ class Trainer:
             pairs["grad_norm"] = (totals["grad_norm"], steps)
         return runtime.reduce_mean_pairs(pairs)
 
-    def _accumulate_gradients(self, batch, samples, old_lp, teacher_lp, ref_lp) -> tuple[float, dict[str, float]]:
+    def _accumulate_gradients(
+        self, batch: list[ActionSample], filler: list[ActionSample]
+    ) -> tuple[float, dict[str, float]]:
         """Backward of one mini-batch, micro-batch by micro-batch; returns its loss and metrics."""
-        cfg = self.config
+        cfg, runtime = self.config, self.runtime
         # Token-mean over the mini-batch of every process together: processes average their gradients, so
         # each scales its share by their number (a process with fewer or no tokens weighs accordingly).
-        runtime = self.runtime
-        num_tokens = runtime.reduce_sum(sum(len(samples[i].response_ids) for i in batch))
+        num_tokens = runtime.reduce_sum(sum(len(s.response_ids) for s in batch))
         num_skill_tokens = runtime.reduce_sum(
-            sum(len(samples[i].response_ids) for i in batch if teacher_lp[i] is not None)
+            sum(len(s.response_ids) for s in batch if s.teacher_logprobs is not None)
         )
         loss_sum, stats_sum = 0.0, {}
-        # Under FSDP2 a process out of micro-batches runs zero-weight passes over one of its samples.
-        for rows, weight in runtime.micro_batches(batch, cfg.train.micro_batch_size, filler=[0]):
+        # Under FSDP2 a process out of micro-batches runs zero-weight passes over `filler`.
+        for rows, weight in runtime.micro_batches(batch, cfg.train.micro_batch_size, filler=filler):
             with self.policy.update_mode():
                 scores = self.policy.score(
-                    [samples[i].context for i in rows], [samples[i].response_ids for i in rows],
+                    [s.context for s in rows], [s.response_ids for s in rows],
                     micro_batch_size=len(rows), with_grad=True, temperature=cfg.rollout.temperature,
                 )
                 logprobs, mask = pad_sequences(scores.logprobs)
                 device = logprobs.device
+                has_skill = [s.teacher_logprobs is not None for s in rows]
                 loss, stats = policy_loss(
                     logprobs,
-                    pad_sequences([old_lp[i] for i in rows])[0],
-                    torch.tensor([samples[i].advantage for i in rows], device=device),
+                    pad_sequences([s.old_logprobs for s in rows])[0],
+                    torch.tensor([s.advantage for s in rows], device=device),
                     mask,
                     cfg.algorithm,
+                    # Rows without a skill carry l_old as a placeholder that `has_skill` masks out.
                     teacher_logprobs=pad_sequences(
-                        [teacher_lp[i] if teacher_lp[i] is not None else old_lp[i] for i in rows]
+                        [s.old_logprobs if s.teacher_logprobs is None else s.teacher_logprobs for s in rows]
                     )[0],
-                    has_skill=torch.tensor([teacher_lp[i] is not None for i in rows], device=device),
-                    ref_logprobs=pad_sequences([ref_lp[i] for i in rows])[0] if ref_lp is not None else None,
+                    has_skill=torch.tensor(has_skill, device=device),
+                    ref_logprobs=pad_sequences([s.ref_logprobs for s in rows])[0]
+                    if cfg.algorithm.kl_coef > 0
+                    else None,
                     entropy=pad_sequences(scores.entropies)[0],
                     num_tokens=num_tokens,
                     num_skill_tokens=num_skill_tokens,
@@ -396,7 +407,7 @@ class Trainer:
         turns = [t for traj in trajectories for t in traj.turns]
         with_skill = [t for t in trajectories if t.skill]
         pairs = {
-            **summarize(trajectories, prefix),
+            **episode_stats(trajectories, prefix),
             "analyzer/success_rate": (len(with_skill), len(trajectories)),
             "analyzer/skill_words": (sum(len(t.skill.split()) for t in with_skill), len(with_skill)),
         }

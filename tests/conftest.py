@@ -16,7 +16,7 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 @pytest.fixture(scope="session")
 def tiny_vl_path(tmp_path_factory) -> str:
-    from seed_vl.tiny_model import build_tiny_model
+    from seed_vl.toy.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("tiny-vl")
     build_tiny_model(out, text_only=False, seed=0)
@@ -25,7 +25,7 @@ def tiny_vl_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_text_path(tmp_path_factory) -> str:
-    from seed_vl.tiny_model import build_tiny_model
+    from seed_vl.toy.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("tiny-text")
     build_tiny_model(out, text_only=True, seed=0)

@@ -11,9 +11,9 @@ import pytest
 from seed_vl.checkpoint import list_checkpoints
 from seed_vl.cli import main
 from seed_vl.config import load_config
-from seed_vl.demo import DEFAULT_RECIPE
-from seed_vl.reproduce import ReproduceConfig
-from seed_vl.warmstart import warmstart_settings
+from seed_vl.toy.demo import DEFAULT_RECIPE
+from seed_vl.toy.reproduce import ReproduceConfig
+from seed_vl.toy.warmstart import warmstart_settings
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs").glob("*/*.yaml"))

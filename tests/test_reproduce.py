@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from seed_vl.config import ConfigError
-from seed_vl.reproduce import ReproduceConfig, RunResult, reproduce, write_results
+from seed_vl.toy.reproduce import ReproduceConfig, RunResult, reproduce, write_results
 
 
 def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):

@@ -1,9 +1,8 @@
-"""Stage 1 end to end with the tiny models: collect -> analyzer labels -> SFT, and solver demonstrations."""
+"""Stage 1 end to end with the tiny models: collect -> analyzer labels -> SFT."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -11,18 +10,11 @@ import yaml
 
 from seed_vl.analyzer import parse_analysis
 from seed_vl.cli import main
-from seed_vl.config import ConfigError, EnvConfig, load_config
-from seed_vl.demonstrations import play_demonstrations
-from seed_vl.envs import sokoban
-from seed_vl.envs.base import run_length
-from seed_vl.envs.registry import make_env
+from seed_vl.config import ConfigError, load_config
 from seed_vl.policy import Policy
 from seed_vl.processors.images import ImageSettings
-from seed_vl.processors.parsing import parse_action
-from seed_vl.processors.prompts import outcome_line
 from seed_vl.sft import SFTExample, SFTSettings, encode_examples, response_nll, train_sft
-from seed_vl.skills import SKILL_HEADER
-from seed_vl.stage1 import collect, demonstration_examples, load_analysis_examples, sft
+from seed_vl.stage1 import collect, load_analysis_examples, sft
 
 TINY_IMAGES = ImageSettings(min_pixels=4 * 28 * 28, max_pixels=256 * 28 * 28)
 
@@ -162,16 +154,13 @@ def test_overlong_examples_are_skipped_and_counted(ezpoints_data, tiny_text_path
         train_sft(policy, examples, SFTSettings(max_length=64), show_progress=False)
 
 
-def test_sft_on_a_visual_dataset_and_demonstrations(sokoban_data, tiny_vl_path, tmp_path):
+def test_sft_on_a_visual_dataset(sokoban_data, tiny_vl_path, tmp_path):
     out_dir = tmp_path / "sft"
     config = stage1_config(
         tiny_vl_path,
         "sokoban_visual",
         tmp_path,
-        "env.max_steps=null",  # demonstrations need the full step budget
         f"sft.data=[{sokoban_data}]",
-        "sft.demonstrations=1",
-        "sft.demo_skill_fraction=0.5",
         "sft.epochs=3",
         "sft.batch_size=4",
         "sft.lr=3e-3",
@@ -193,8 +182,7 @@ def test_sft_on_a_visual_dataset_and_demonstrations(sokoban_data, tiny_vl_path, 
     assert nll_after < 0.9 * nll_before  # the training examples' answer loss went down
 
     summary = json.loads((out_dir / "sft.json").read_text())
-    assert summary["analyzer_examples"] == len(analysis) and summary["demonstration_examples"] >= 1
-    assert summary["trained_on"] == summary["analyzer_examples"] + summary["demonstration_examples"]
+    assert summary["trained_on"] == summary["analyzer_examples"] == len(analysis)
     steps = 3 * -(-summary["trained_on"] // 4)
     metrics = read_jsonl(out_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1)) == list(range(1, summary["steps"] + 1))
@@ -234,68 +222,3 @@ def test_image_prompts_need_a_vision_model(sokoban_data, tiny_text_path, tmp_pat
     config = stage1_config(tiny_text_path, "sokoban_visual", tmp_path, f"sft.data=[{sokoban_data}]")
     with pytest.raises(ConfigError, match="text-only model"):
         sft(config)
-
-
-# --------------------------------------------------------------------------------------- demonstrations
-@pytest.mark.parametrize("env_name", ["sokoban_visual", "sokoban_text", "ezpoints_text", "ezpoints_visual"])
-def test_demonstrations_replay_to_a_win(env_name):
-    env_config = EnvConfig(name=env_name)
-    images = TINY_IMAGES if env_name.endswith("visual") else None
-    episodes = play_demonstrations(
-        env_config, 6, seed=100, history_window=2, image_settings=images, rng=random.Random(0)
-    )
-    assert len(episodes) == 6 and len({e.seed for e in episodes}) == 6
-    env = make_env(env_config)
-    for episode in episodes:
-        _, info = env.reset(episode.seed)
-        for k, turn in enumerate(episode.turns):
-            action, valid = parse_action(turn.response_text, info["admissible_actions"])
-            assert valid and action == turn.action
-            _, reward, terminated, _, info = env.step(action)
-            assert info["action_valid"] and reward == turn.reward
-            if k + 1 < episode.length:  # the next context shows this turn, as a rollout's would
-                assert outcome_line(k + 1, action, True, reward) in user_text(episode.turns[k + 1].context)
-        assert terminated and info["won"] and episode.won
-        if env_name.startswith("sokoban"):  # BFS: the shortest solution, and the skill quotes it
-            assert episode.length == len(sokoban.solve(sokoban.generate_room(episode.seed)))
-            assert run_length(episode.actions) in episode.skill
-
-
-def test_demonstration_contexts_carry_the_scripted_skill_when_drawn():
-    def examples(fraction: float) -> list[SFTExample]:
-        return demonstration_examples(
-            EnvConfig(name="sokoban_text"),
-            4,
-            seed=0,
-            history_window=2,
-            image_settings=None,
-            skill_fraction=fraction,
-            rng=random.Random(1),
-        )
-
-    def with_skill(example: SFTExample) -> bool:
-        return SKILL_HEADER in user_text(example.context)
-
-    episodes = play_demonstrations(
-        EnvConfig(name="sokoban_text"), 4, seed=0, history_window=2, image_settings=None, rng=random.Random(1)
-    )
-    always, never, half = examples(1.0), examples(0.0), examples(0.5)
-    assert len(always) == sum(e.length for e in episodes) > 4
-    assert all(map(with_skill, always)) and not any(map(with_skill, never))
-    assert 0 < sum(map(with_skill, half)) < len(half)
-    turns = [(episode, turn) for episode in episodes for turn in episode.turns]
-    for example, (episode, turn) in zip(always, turns, strict=True):
-        assert f"[{episode.skill}]" in user_text(example.context)
-        assert example.response == turn.response_text and not example.end_of_turn
-
-
-def test_textworld_demonstrations_follow_the_walkthrough(tmp_path, monkeypatch):
-    pytest.importorskip("textworld", reason="TextWorld is the optional extra seed-vl[textworld]")
-    monkeypatch.chdir(tmp_path)  # the game pool is generated under ./.cache
-    env_config = EnvConfig(name="textworld", textworld_level=1, textworld_pool_size=1)
-    (episode,) = play_demonstrations(
-        env_config, 1, seed=0, history_window=2, image_settings=None, rng=random.Random(0)
-    )
-    env = make_env(env_config)
-    env.reset(episode.seed)
-    assert episode.won and episode.actions == env.walkthrough

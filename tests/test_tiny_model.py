@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from seed_vl.tiny_model import SPECIAL_TOKENS, build_tiny_model
+from seed_vl.toy.tiny_model import SPECIAL_TOKENS, build_tiny_model
 
 
 def _file_hashes(directory: str | Path) -> dict[str, str]:

@@ -9,7 +9,7 @@ from helpers import noise_frame, user_context
 from PIL import Image
 
 from seed_vl.policy import Policy
-from seed_vl.tiny_model import build_tiny_model
+from seed_vl.toy.tiny_model import build_tiny_model
 from seed_vl.vision_cache import VisionCache, image_key
 
 TOL = 1e-5

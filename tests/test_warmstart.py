@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from seed_vl import warmstart
 from seed_vl.analyzer import parse_analysis
 from seed_vl.config import ConfigError, load_config
-from seed_vl.envs.registry import make_env
 from seed_vl.policy import Policy
-from seed_vl.processors.parsing import parse_action
+from seed_vl.toy import warmstart
 
 
 def tiny_budget(tmp: Path, *overrides: str):
@@ -142,19 +140,6 @@ def test_analyzer_pairs_hold_both_workflow_skills_and_avoidance_rules(tmp_path):
     for example in examples:
         assert parse_analysis(example.response, min_words=config.analyzer.min_skill_words) is not None
         assert example.end_of_turn
-
-
-def test_random_episodes_are_real_episodes_of_admissible_actions():
-    env = make_env(load_config(None, ["env.name=ezpoints_text"]).env)
-    episode = warmstart.random_episode(env, seed=3, rng=random.Random(0))
-    assert 1 <= episode.length <= env.max_steps and episode.seed == 3
-    for turn in episode.turns:
-        assert parse_action(
-            turn.response_text, ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "+", "*", "="]
-        ) == (
-            turn.action,
-            True,
-        )
 
 
 def test_terse_response_keeps_the_move_sentence_and_the_action():

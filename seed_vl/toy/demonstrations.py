@@ -1,8 +1,8 @@
-"""Solver demonstrations: optimal episodes played through the same contexts the RL rollout builds.
+"""Solver demonstrations: optimal episodes played through the rollout's own episode loop.
 
-Each turn's context comes from `build_messages` (history window included) and its response is a short
-templated `<think>...</think><action>MOVE</action>`, parsed back with `parse_action` before the environment
-steps, so a demonstration is exactly an episode the policy could have produced, and a won one. Solvers:
+A solver actor answers each turn of `rollout.play_episodes` with a short templated
+`<think>...</think><action>MOVE</action>`, parsed like a model's answer before the environment steps, so a
+demonstration is exactly an episode the policy could have produced, and a won one. Solvers:
 Sokoban's BFS, EZPoints' exhaustive search, TextWorld's walkthrough. Each episode carries its scripted
 hindsight skill, for training contexts that show it.
 """
@@ -15,14 +15,18 @@ from collections.abc import Callable
 from seed_vl.config import ConfigError, EnvConfig
 from seed_vl.envs import ezpoints, sokoban
 from seed_vl.envs.base import Env, phrase
+from seed_vl.envs.group import EnvGroup
 from seed_vl.envs.registry import make_env
+from seed_vl.policy import Generation
 from seed_vl.processors.images import ImageSettings
-from seed_vl.processors.messages import HistoryTurn, build_messages
-from seed_vl.processors.parsing import parse_action
-from seed_vl.trajectory import Trajectory, Turn
+from seed_vl.rollout import Actor, Prompt, play_episodes
+from seed_vl.sft import SFTExample
+from seed_vl.skills import insert_skill
+from seed_vl.trajectory import Trajectory
 
 # Tasks whose solution exceeds the step budget are skipped; give up when fewer than 1 in 10 fit.
 MAX_TASKS_PER_EPISODE = 10
+BATCH = 32  # episodes played at once
 
 Plan = list[str]
 Planner = Callable[[Env, random.Random], Plan | None]  # an optimal plan from the state just reset to
@@ -39,77 +43,112 @@ def play_demonstrations(
     rng: random.Random,
 ) -> list[Trajectory]:
     """`num_episodes` won episodes on the training seeds `seed, seed + 1, ...`, skipping any task whose
-    solution does not fit the step budget; `rng` draws every choice (phrasings, formulas)."""
+    solution does not fit the step budget, each with its scripted skill; `rng` draws every choice
+    (phrasings, formulas)."""
     env = make_env(env_config)
     planner, thinker = _solver_for(env)
-    episodes: list[Trajectory] = []
+    plans: dict[int, Plan] = {}  # task seed -> the plan the solver plays
     task_seed = seed
-    while len(episodes) < num_episodes:
+    while len(plans) < num_episodes:
         if task_seed >= env_config.eval_seed_start:
             raise ConfigError(
                 f"env.eval_seed_start: demonstration seed {task_seed} reaches the evaluation range; "
                 "raise env.eval_seed_start"
             )
-        if task_seed - seed >= MAX_TASKS_PER_EPISODE * (len(episodes) + 1):
+        if task_seed - seed >= MAX_TASKS_PER_EPISODE * (len(plans) + 1):
             raise ConfigError(
                 f"env.max_steps: the {env.name} solver finishes too few tasks within {env.max_steps} steps "
-                f"({len(episodes)} of the first {task_seed - seed}); raise env.max_steps"
+                f"({len(plans)} of the first {task_seed - seed}); raise env.max_steps"
             )
-        episode = _play(env, task_seed, planner, thinker, history_window, image_settings, rng)
-        if episode is not None:
-            episodes.append(episode)
+        env.reset(task_seed)
+        plan = planner(env, rng)
+        if plan is not None and len(plan) <= env.max_steps:
+            plans[task_seed] = plan
         task_seed += 1
+
+    def solver(group: EnvGroup) -> Actor:
+        def act(prompts: list[Prompt]) -> list[Generation]:
+            responses = []
+            for p in prompts:
+                game, plan = group.envs[p.episode], plans[group.seeds[p.episode]]
+                if p.turn < len(plan):
+                    think = thinker(game, plan, p.turn, rng)
+                    responses.append(f"<think>{think}</think><action>{plan[p.turn]}</action>")
+                else:  # past the plan: an invalid answer (the episode then fails, and we raise)
+                    responses.append("")
+            return [Generation(text, []) for text in responses]
+
+        return act
+
+    episodes = _play_in_batches(env_config, list(plans), solver, history_window, image_settings)
+    for episode in episodes:
+        if not episode.won:  # a solver plan that does not win is a bug in the solver or the game
+            raise RuntimeError(f"{env.name}: the solver's plan {plans[episode.seed]} did not win seed {episode.seed}")
+        hindsight = env.hindsight(episode.seed, episode.actions, rng)
+        episode.summary, episode.skill = hindsight["episode_summary"], hindsight["episode_skill"]
+        episode.analyzer_status = "ok"
     return episodes
 
 
-def _play(
-    env: Env,
-    seed: int,
-    planner: Planner,
-    thinker: Thinker,
+def play_random_episodes(
+    env_config: EnvConfig,
+    seeds: list[int],
+    *,
     history_window: int,
     image_settings: ImageSettings | None,
     rng: random.Random,
-) -> Trajectory | None:
-    """One solved episode with its scripted skill, or None when the plan does not fit the step budget."""
-    obs, info = env.reset(seed)
-    plan = planner(env, rng)
-    if plan is None or len(plan) > env.max_steps:
-        return None
-    episode = Trajectory(env_name=env.name, seed=seed, task=info["task"], group_id=0)
-    history: list[HistoryTurn] = []
-    for k, move in enumerate(plan):
-        context = build_messages(env.name, obs, info, history, history_window, image_settings)
-        response = f"<think>{thinker(env, plan, k, rng)}</think><action>{move}</action>"
-        action, parsed = parse_action(response, info["admissible_actions"])
-        next_obs, reward, terminated, truncated, next_info = env.step(action)
-        valid = parsed and bool(next_info["action_valid"])
-        episode.turns.append(
-            Turn(
-                context=context,
-                response_text=response,
-                response_ids=[],
-                action=action,
-                action_valid=valid,
-                reward=float(reward),
-                observation_text=obs["text"],
-                images=list(obs["images"]),
-            )
+) -> list[Trajectory]:
+    """One episode per seed of uniformly random admissible actions (mostly failures, for avoidance skills)."""
+
+    def random_actor(group: EnvGroup) -> Actor:
+        def act(prompts: list[Prompt]) -> list[Generation]:
+            moves = [rng.choice(p.info["admissible_actions"]) for p in prompts]
+            return [Generation(f"<think>I try {move}.</think><action>{move}</action>", []) for move in moves]
+
+        return act
+
+    return _play_in_batches(env_config, seeds, random_actor, history_window, image_settings)
+
+
+def _play_in_batches(
+    env_config: EnvConfig,
+    seeds: list[int],
+    actor_for: Callable[[EnvGroup], Actor],
+    history_window: int,
+    image_settings: ImageSettings | None,
+) -> list[Trajectory]:
+    """Episodes on `seeds`, `BATCH` at a time (each live episode holds a game: TextWorld's is a process)."""
+    episodes = []
+    for k in range(0, len(seeds), BATCH):
+        group = EnvGroup.of_seeds(env_config, seeds[k : k + BATCH])
+        episodes += play_episodes(group, actor_for(group), history_window=history_window, image_settings=image_settings)
+    return episodes
+
+
+def demonstration_examples(
+    env_config: EnvConfig,
+    num_episodes: int,
+    *,
+    seed: int,
+    history_window: int,
+    image_settings: ImageSettings | None,
+    skill_fraction: float,
+    rng: random.Random,
+) -> list[SFTExample]:
+    """One example per turn of `num_episodes` solver demonstrations; with probability `skill_fraction` a
+    turn's context carries its episode's scripted skill, which teaches that skill text in context is worth
+    following."""
+    episodes = play_demonstrations(
+        env_config, num_episodes, seed=seed, history_window=history_window, image_settings=image_settings, rng=rng
+    )
+    return [
+        SFTExample(
+            insert_skill(turn.context, episode.skill) if rng.random() < skill_fraction else turn.context,
+            turn.response_text,
         )
-        history.append(
-            HistoryTurn(observation=obs, response=response, action=action, valid=valid, reward=reward)
-        )
-        obs, info = next_obs, next_info
-        if terminated or truncated:
-            break
-    episode.won = bool(info["won"])
-    if not episode.won:  # a solver plan that does not win is a bug in the solver or the game
-        raise RuntimeError(f"{env.name}: the solver's plan {plan} did not win seed {seed}")
-    episode.episode_return = sum(turn.reward for turn in episode.turns)
-    hindsight = env.hindsight(seed, episode.actions, rng)
-    episode.summary, episode.skill = hindsight["episode_summary"], hindsight["episode_skill"]
-    episode.analyzer_status = "ok"
-    return episode
+        for episode in episodes
+        for turn in episode.turns
+    ]
 
 
 def _solver_for(env: Env) -> tuple[Planner, Thinker]:

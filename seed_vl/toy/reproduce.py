@@ -18,7 +18,8 @@ from pydantic import Field
 
 from seed_vl.checkpoint import list_checkpoints
 from seed_vl.config import Config, ConfigError, Section, load_config
-from seed_vl.io import atomic_write_text, read_jsonl
+from seed_vl.io import atomic_write_text
+from seed_vl.tracking import read_metrics
 
 
 class ReproduceConfig(Section):
@@ -77,8 +78,8 @@ def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_mod
 
 def reproduce(config_path: str | None, overrides: list[str]) -> Path:
     from seed_vl.plots import plot_runs
+    from seed_vl.toy.warmstart import cached_key, run_warmstart, warmstart_key
     from seed_vl.trainer import run_dir_for, train
-    from seed_vl.warmstart import cached_key, run_warmstart, warmstart_key
 
     cfg = load_config(config_path, overrides, schema=ReproduceConfig)
     for task, recipe in cfg.tasks.items():
@@ -113,7 +114,7 @@ def reproduce(config_path: str | None, overrides: list[str]) -> Path:
                 if not list_checkpoints(run_dir / "checkpoints"):  # an unfinished run starts over
                     print(f"[reproduce] {task} / {method} / seed {seed}", flush=True)
                     train(run_cfg, overwrite=True)
-                results.append(RunResult(task, method, seed, run_dir, read_jsonl(run_dir / "metrics.jsonl")))
+                results.append(RunResult(task, method, seed, run_dir, read_metrics(run_dir)))
         figure = Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png"
         task_runs = [r for r in results if r.task == task]
         plot_runs([r.run_dir for r in task_runs], figure, labels=[r.method for r in task_runs])

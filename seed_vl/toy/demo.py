@@ -1,6 +1,6 @@
 """`seed-vl demo`: SEED end to end on the CPU with the tiny model, in one command.
 
-Warm start (or reuse it: `seed_vl.warmstart`, a stand-in for pretraining), then SEED RL with the self
+Warm start (or reuse it: `seed_vl.toy.warmstart`, a stand-in for pretraining), then SEED RL with the self
 analyzer on the recipe's environment (default: visual Sokoban 6x6 / 1 box). The run directory holds the
 trainer's metrics.jsonl, checkpoints and trajectories, plus an HTML trajectory report of the last step and
 the learning curve; the success rate before and after RL on the held-out evaluation seeds is printed.
@@ -14,10 +14,10 @@ from pathlib import Path
 from seed_vl.config import Config, load_config
 from seed_vl.plots import plot_runs
 from seed_vl.report import write_report
+from seed_vl.toy.warmstart import run_warmstart
 from seed_vl.trainer import run_dir_for, train
-from seed_vl.warmstart import run_warmstart
 
-DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "tiny" / "sokoban_visual.yaml"
+DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "sokoban_visual.yaml"
 SUCCESS = "eval/success_rate"
 CURVES = ("success_rate", "return", "invalid_action_rate")
 

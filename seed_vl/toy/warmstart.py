@@ -39,20 +39,16 @@ import seed_vl.envs
 import seed_vl.processors
 from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyzer
 from seed_vl.config import Config, EnvConfig
-from seed_vl.demonstrations import play_demonstrations
-from seed_vl.envs.base import Env
 from seed_vl.envs.group import EnvGroup
-from seed_vl.envs.registry import make_env
-from seed_vl.evaluation import EVAL_STEP, summarize
+from seed_vl.evaluation import EVAL_STEP, episode_stats
 from seed_vl.io import atomic_directory, atomic_write_text
 from seed_vl.policy import Policy
 from seed_vl.processors.images import ImageSettings
 from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed
 from seed_vl.sft import SFTExample, SFTSettings, train_sft
-from seed_vl.stage1 import demonstration_examples
-from seed_vl.tiny_model import build_tiny_model
+from seed_vl.toy.demonstrations import demonstration_examples, play_demonstrations, play_random_episodes
+from seed_vl.toy.tiny_model import build_tiny_model
 from seed_vl.tracking import Phase
-from seed_vl.trajectory import Trajectory, Turn
 
 SUMMARY_FILE, MODEL_DIR = "warmstart.json", "model"
 # Seed streams of the warm start's own draws (demonstration phrasing, random-action episodes).
@@ -226,10 +222,10 @@ def analyzer_examples(
     )
     for turn in (turn for episode in solved for turn in episode.turns):
         turn.response_text = terse_response(turn.response_text)
-    game = make_env(env)
-    episodes = solved + [
-        random_episode(game, env.train_seed_start + k, rng) for k in range(num_episodes // 2)
-    ]
+    random_seeds = [env.train_seed_start + k for k in range(num_episodes // 2)]
+    episodes = solved + play_random_episodes(
+        env, random_seeds, history_window=config.rollout.history_window, image_settings=images, rng=rng
+    )
     scripted = config.analyzer.model_copy(update={"backend": "scripted"})
     make_analyzer(scripted, env, seed=config.warmstart.seed).analyze(episodes)
     return [
@@ -245,46 +241,19 @@ def analyzer_examples(
     ]
 
 
-def random_episode(env: Env, seed: int, rng: random.Random) -> Trajectory:
-    """One episode of uniformly random admissible actions (what the analyzer reads: no contexts)."""
-    obs, info = env.reset(seed)
-    episode = Trajectory(env_name=env.name, seed=seed, task=info["task"], group_id=0)
-    done = False
-    while not done:
-        action = rng.choice(info["admissible_actions"])
-        next_obs, reward, terminated, truncated, info = env.step(action)
-        episode.turns.append(
-            Turn(
-                context=[],
-                response_text=f"<think>I try {action}.</think><action>{action}</action>",
-                response_ids=[],
-                action=action,
-                action_valid=bool(info["action_valid"]),
-                reward=float(reward),
-                observation_text=obs["text"],
-                images=list(obs["images"]),
-            )
-        )
-        obs, done = next_obs, terminated or truncated
-    episode.won = bool(info["won"])
-    episode.episode_return = sum(turn.reward for turn in episode.turns)
-    return episode
-
-
 # --------------------------------------------------------------------------------------------- evaluation
 def measure_base_policy(policy: Policy, config: Config, env: EnvConfig) -> dict[str, float]:
     """Success rate and friends on the held-out tasks the trainer's evaluation plays (same seeds and
     sampling), plus how often the self-analyzer writes a usable skill for those episodes."""
     group = EnvGroup(env, num_tasks=config.eval.num_tasks, group_size=1, split="eval")
-    r = config.rollout
-    sampling = SamplingSettings(r.max_new_tokens, config.eval.temperature, r.top_p, r.history_window)
+    sampling = SamplingSettings.from_config(config.rollout, temperature=config.eval.temperature)
     with Phase(f"warm start: eval {env.name}", len(group), "episode", enabled=config.logging.progress) as bar:
         trajectories = collect_rollouts(
             policy, group, sampling, seed=config.warmstart.seed, step=EVAL_STEP, on_episode_end=bar.update
         )
     analyzer = config.analyzer.model_copy(update={"backend": "self"})
     make_analyzer(analyzer, env, policy=policy, seed=config.warmstart.seed).analyze(trajectories)
-    metrics = {key.removeprefix("eval/"): s / n for key, (s, n) in summarize(trajectories, "eval").items()}
+    metrics = {key.removeprefix("eval/"): s / n for key, (s, n) in episode_stats(trajectories, "eval").items()}
     metrics["analyzer_valid_rate"] = sum(t.skill is not None for t in trajectories) / len(trajectories)
     return metrics
 
