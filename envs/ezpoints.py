@@ -4,17 +4,27 @@ on PyPI, rewritten): two cards, build a formula equal to 12 from both card value
 Deal (as gym_cards): card 1 has rank 2..13 (J, Q, K count 10); card 2 is worth 12 // v1 with probability 1/2
 when v1 divides 12, else 12 - v1; the order is then swapped with probability 1/2. Every deal is solvable.
 
-Rules. Tokens: 1..10, '+', '*', '='. '=' ends the episode: +10 if the formula uses both card values once
-each and equals 12, else 0. Any other token must keep the formula well formed, otherwise the action is
-invalid (reward 0, formula unchanged, the step still counts): a number only where a number is expected and
-only the value of a card not used yet (gym_cards' rule), '+' / '*' only after a number while a card is still
-unused. The episode is truncated after `max_steps` (8) steps. With malformed tokens rejected a formula never
-grows past 3 tokens, so DESIGN's "more than 5 tokens" end never triggers. Invalid actions are not
-penalised here (DESIGN: +10 or 0); the trainer's invalid-action penalty applies as for every environment.
+Rules and rewards, as gym_cards' `EZPointEnv.step`:
+  * Tokens are 1..10, '+', '*' and '='.
+  * Length limit: a step that finds the formula longer than 5 tokens ends the episode (truncated) with -1;
+    its token is not applied.
+  * Invalid token, -1: a number that is not the value of a card still unused (gym_cards' check), and, since
+    a model's output may not parse, no token or a token outside the vocabulary. The formula grows by a blank
+    (shown as '_'), as in gym_cards, so repeated invalid tokens reach the length limit; the episode goes on.
+  * Any other number, '+' or '*' is appended, reward 0. Nothing checks that the formula stays well formed:
+    "6 * 2 +" is a formula too, and it fails at '='.
+  * '=' ends the episode: +10 when the tokens, joined, form an expression (numbers, '+', '*') equal to 12
+    that uses both cards; -1 otherwise (a wrong value, a malformed formula, a card unused). An early or
+    wrong submission therefore costs as much as an invalid token, and ends the episode.
+  * Cap (ours, documented): the episode is truncated after `max_steps` (8) steps with reward 0. With the
+    length limit above, an episode ends by step 7, so the cap binds only when set lower.
+Because the game charges -1 for an invalid token itself, the EZPoints recipes set the trainer's
+`algorithm.invalid_action_penalty` to 0: one invalid token costs -1, the same as a wrong submission.
 """
 
 from __future__ import annotations
 
+import ast
 import random
 from abc import abstractmethod
 from collections import Counter
@@ -30,7 +40,9 @@ OPERATORS = ("+", "*")
 EQUALS = "="
 VOCABULARY = (*NUMBERS, *OPERATORS, EQUALS)
 MAX_STEPS = 8
-WIN_REWARD = 10.0
+MAX_FORMULA_TOKENS = 5  # gym_cards: a step that finds a longer formula ends the episode
+WIN_REWARD, LOSS_REWARD = 10.0, -1.0  # LOSS_REWARD: a wrong '=', an invalid token, the length limit
+BLANK = " "  # what an invalid token adds to the formula
 SUITS = ("hearts", "spades", "diamonds", "clubs")
 TASK = (
     "EZPoints: build a formula equal to 12 that uses the values of both cards once each (J, Q and K count "
@@ -66,28 +78,39 @@ def deal(rng: random.Random) -> tuple[Card, Card]:
     return cards[::-1] if rng.random() <= 0.5 else cards
 
 
-def accepts(values: Sequence[int], formula: Formula, token: str | None) -> bool:
-    """Whether `token` (not '=') keeps `formula` well formed with these card values."""
-    unused = Counter(values) - Counter(int(t) for t in formula if t in NUMBERS)
-    expects_number = not formula or formula[-1] in OPERATORS
-    if token in NUMBERS:
-        return expects_number and unused[int(token)] > 0
+def is_valid_token(values: Sequence[int], formula: Formula, token: str | None) -> bool:
+    """Whether `token` (not '=') is accepted: an operator, or the value of a card still unused."""
     if token in OPERATORS:
-        return not expects_number and unused.total() > 0
-    return False
+        return True
+    unused = Counter(values) - Counter(int(t) for t in formula if t in NUMBERS)
+    return token in NUMBERS and unused[int(token)] > 0
 
 
 def evaluate(formula: Formula) -> int | None:
-    """Value of an accepted formula ('*' before '+'); None while it is empty or ends with an operator."""
-    if not formula or formula[-1] in OPERATORS:
+    """The value of the tokens joined into one expression, as gym_cards evaluates it; None when they do not
+    form one of integers, '+' and '*' (parsed, never `eval`-ed)."""
+    try:
+        tree = ast.parse("".join(formula).strip(), mode="eval")
+    except SyntaxError:
         return None
-    total, product = 0, int(formula[0])
-    for op, number in zip(formula[1::2], formula[2::2], strict=True):
-        if op == "*":
-            product *= int(number)
-        else:
-            total, product = total + product, int(number)
-    return total + product
+    return _value(tree.body)
+
+
+def _value(node: ast.expr) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):
+        return _value(node.operand)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _value(node.left), _value(node.right)
+        if left is None or right is None:
+            return None
+        return left + right if isinstance(node.op, ast.Add) else left * right
+    return None
+
+
+def show_formula(formula: Formula) -> str:
+    return " ".join("_" if token == BLANK else token for token in formula)
 
 
 def wins(values: Sequence[int], formula: Formula) -> bool:
@@ -99,14 +122,18 @@ def uses_all_cards(values: Sequence[int], formula: Formula) -> bool:
 
 
 def solve(values: Sequence[int]) -> list[Formula]:
-    """Every winning formula, by exhaustive search over all formulas the rules accept."""
+    """Every well-formed winning formula (number, operator, number, ...), by exhaustive search."""
     solutions: list[Formula] = []
 
     def extend(formula: Formula) -> None:
         if wins(values, formula):
             solutions.append(formula)
-        for token in (*NUMBERS, *OPERATORS):
-            if accepts(values, formula, token):
+        if not formula or formula[-1] in OPERATORS:
+            candidates = NUMBERS
+        else:  # an operator, while a card is left to follow it
+            candidates = OPERATORS if len(values) > sum(t in NUMBERS for t in formula) else ()
+        for token in candidates:
+            if is_valid_token(values, formula, token):
                 extend((*formula, token))
 
     extend(())
@@ -141,14 +168,18 @@ class EZPointsEnv(Env):
         if self._done:
             raise EpisodeOver(f"{self.name}: step() on a finished episode; call reset(seed) first")
         self._steps += 1
-        terminated = action == EQUALS
-        won = terminated and wins(self.values, self.formula)
-        valid = terminated or accepts(self.values, self.formula, action)
-        if valid and not terminated:
-            self.formula = (*self.formula, action)
-        truncated = not terminated and self._steps >= self.max_steps
+        won, valid, terminated, truncated = False, True, False, False
+        if len(self.formula) > MAX_FORMULA_TOKENS:  # checked before the token, as gym_cards does
+            reward, truncated = LOSS_REWARD, True
+        elif action == EQUALS:
+            won, terminated = wins(self.values, self.formula), True
+            reward = WIN_REWARD if won else LOSS_REWARD
+        elif is_valid_token(self.values, self.formula, action):
+            self.formula, reward = (*self.formula, action), 0.0
+        else:
+            self.formula, reward, valid = (*self.formula, BLANK), LOSS_REWARD, False
+        truncated = truncated or (not terminated and self._steps >= self.max_steps)
         self._done = terminated or truncated
-        reward = WIN_REWARD if won else 0.0
         return self._observe(), reward, terminated, truncated, self._info(action_valid=valid, won=won)
 
     def _info(self, action_valid: bool, won: bool) -> dict[str, Any]:
@@ -160,7 +191,7 @@ class EZPointsEnv(Env):
             "step": self._steps,
             "cards": [c.describe() for c in self.cards],
             "card_values": list(self.values),
-            "formula": list(self.formula),
+            "formula": list(self.formula),  # invalid tokens as BLANK
         }
 
     def hindsight(self, seed: int, actions: Sequence[str | None], rng: random.Random) -> Hindsight:
@@ -201,6 +232,15 @@ _INVALID = (
     "Use only the values on the cards ({values}) and alternate number, operator, number: the moves {tokens} "
     "({steps}) were invalid. The winning formula was {correct}.",
 )
+_MALFORMED = (
+    "The formula {wrong} is not a valid expression. Alternate number, operator, number: {correct}, then '='.",
+    "Submitting {wrong} lost: numbers and operators must alternate, as in {correct} = 12.",
+)
+_TOO_LONG = (
+    "The formula {wrong} grew past 5 tokens and the hand was lost. Type only {correct}, then '='.",
+    "Rejected tokens and extra operators filled the formula {wrong} until it was too long; "
+    "for {values} type {correct} and press '='.",
+)
 _UNFINISHED = (
     "The formula was never submitted: after {wrong} press '='. For {values} the full answer is {correct} "
     "followed by '='.",
@@ -217,8 +257,8 @@ def ezpoints_hindsight(
     shown = " and ".join(c.label if c.rank <= 10 else f"{c.label} (worth {c.value})" for c in cards)
     fields = {
         "cards": shown, "values": f"{values[0]} and {values[1]}",
-        "wrong": f"'{' '.join(formula)}'" if formula else "an empty formula",
-        "formula": " ".join(formula),
+        "wrong": f"'{show_formula(formula)}'" if formula else "an empty formula",
+        "formula": show_formula(formula),
         "correct": " ".join(rng.choice(solve(values))),
         "value": evaluate(formula),
     }
@@ -228,13 +268,17 @@ def ezpoints_hindsight(
     if submitted and wins(values, formula):
         return Hindsight(episode_summary=summary + "won.", episode_skill=phrase(rng, _SUCCESS, **fields))
     invalid = [(k, action) for k, (action, valid) in enumerate(trace, 1) if not valid]
-    if submitted and uses_all_cards(values, formula):
+    if submitted and uses_all_cards(values, formula) and fields["value"] is not None:
         skill = phrase(rng, _WRONG, **fields)
+    elif submitted and uses_all_cards(values, formula):
+        skill = phrase(rng, _MALFORMED, **fields)
     elif invalid:
         tokens = ", ".join("(no answer)" if a is None else repr(a) for _, a in invalid)
         skill = phrase(rng, _INVALID, tokens=tokens, steps=step_list([k for k, _ in invalid]), **fields)
     elif submitted:
         skill = phrase(rng, _EARLY, **fields)
+    elif len(formula) > MAX_FORMULA_TOKENS:
+        skill = phrase(rng, _TOO_LONG, **fields)
     else:
         skill = phrase(rng, _UNFINISHED, **fields)
     summary += f"lost ({count(len(invalid), 'invalid token')})."

@@ -74,6 +74,7 @@ def save_checkpoint(
     """Write `checkpoints_dir/step_{step}` atomically (every process takes part), then prune to the newest
     `keep_last`."""
     target = Path(checkpoints_dir) / f"step_{step:06d}"
+    runtime.check_replicas_in_sync()  # DDP: the main process's copy stands for every process's
     model_state = runtime.model_state_for_export()  # a collective under FSDP2
     tmp = target.with_name(f".{target.name}.tmp")
     if runtime.is_main:

@@ -198,6 +198,24 @@ class Runtime:
         self.accelerator.wait_for_everyone()
 
     # ---------------------------------------------------------------------------------- checkpoints
+    def check_replicas_in_sync(self) -> None:
+        """Under DDP each process holds its own copy of the weights, kept equal only by applying identical
+        averaged gradients, and a checkpoint stores the main process's copy: verify, from two fingerprints
+        per trainable tensor compared across processes, that every copy is the same."""
+        if not self.is_ddp or self.num_processes == 1:
+            return
+        named = [(n, p.detach()) for n, p in self.model.named_parameters() if p.requires_grad]
+        prints = torch.stack([torch.stack([p.double().sum(), p.double().square().sum()]) for _, p in named])
+        low, high = prints.clone(), prints.clone()
+        torch.distributed.all_reduce(low, op=torch.distributed.ReduceOp.MIN)
+        torch.distributed.all_reduce(high, op=torch.distributed.ReduceOp.MAX)
+        diverged = [name for (name, _), differs in zip(named, (low != high).any(dim=1).tolist(), strict=True) if differs]
+        if diverged:
+            raise RuntimeError(
+                f"DDP processes hold different weights ({len(diverged)} tensors, first {diverged[0]}): "
+                "their updates diverged; the checkpoint was not written"
+            )
+
     def model_state_for_export(self) -> dict[str, torch.Tensor] | None:
         """The full model state (every process must call this under FSDP2; only the main one gets it)."""
         if not self.is_fsdp:

@@ -150,6 +150,20 @@ def test_fsdp2_shards_every_model_family(tmp_path, tiny_text_path, arch, extra):
     assert load_file(str(checkpoint / "model" / saved))
 
 
+def test_a_ddp_process_whose_weights_drifted_is_caught(tmp_path, tiny_text_path):
+    """Every checkpoint first checks that the DDP processes' weight copies are equal (the test above
+    checkpoints each step, so its runs pass that check); a copy perturbed on one process fails it."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(_cpu_variant("multi_gpu.yaml", tmp_path, 2)), "--main_process_port", "29579",
+               str(REPO / "tests" / "ddp_replicas.py"), tiny_text_path]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert {line for line in proc.stdout.splitlines() if line.startswith("caught")} == {
+        "caught on process 0", "caught on process 1"
+    }
+
+
 def test_ddp_equals_one_process_on_the_same_data(tmp_path, tiny_vl_path):
     """Sampling seeds follow each episode's global index, so two processes play exactly the episodes one
     process plays; with one optimizer step per update (a mini-batch holding every turn), their averaged

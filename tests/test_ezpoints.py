@@ -64,50 +64,93 @@ def test_winning_formula_earns_ten_and_ends_the_episode():
 
 @pytest.mark.parametrize(
     "tokens",
-    [["3", "+", "4", "="], ["3", "="], ["="], ["4", "*", "="]],
-    ids=["wrong", "one-card", "empty", "dangling"],
+    [["3", "+", "4", "="], ["3", "="], ["="], ["4", "*", "="], ["3", "*", "4", "+", "="], ["3", "4", "="]],
+    ids=["wrong", "one-card", "empty", "dangling", "trailing-operator", "digits-joined"],
 )
-def test_any_other_submission_earns_nothing(tokens):
+def test_any_other_submission_costs_one_and_ends_the_episode(tokens):
+    """gym_cards: '=' on a formula that is not 12 with both cards scores -1 ("3" "4" joins to 34)."""
     env = EZPointsTextEnv()
     env.reset(seed_with((3, 4)))
     results = [env.step(t) for t in tokens]
-    assert [r[1] for r in results] == [0.0] * len(tokens)
+    assert [r[1] for r in results] == [0.0] * (len(tokens) - 1) + [-1.0]
     assert results[-1][2] and not results[-1][4]["won"]
+    assert all(r[4]["action_valid"] for r in results)  # every token was accepted: the formula is what failed
+
+
+def test_a_formula_with_a_stray_operator_is_not_silently_repaired():
+    """"6 * 2 +" then '=' loses in gym_cards; the earlier rules dropped the '+' and paid +10."""
+    env = EZPointsTextEnv()
+    env.reset(seed_with((6, 2)))
+    rewards = [env.step(t)[1] for t in ("6", "*", "2", "+", "=")]
+    assert rewards == [0.0, 0.0, 0.0, 0.0, -1.0]
+
+
+def test_operators_in_odd_places_are_accepted_and_a_unary_plus_evaluates_as_python_does():
+    env = EZPointsTextEnv()
+    env.reset(seed_with((3, 4)))
+    rewards = [env.step(t)[1] for t in ("+", "3", "*", "4", "=")]
+    assert rewards == [0.0, 0.0, 0.0, 0.0, 10.0]  # "+3*4" is 12 with both cards
 
 
 @pytest.mark.parametrize(
     ("prefix", "bad"),
     [
         ([], "5"),  # not a card value
-        ([], "+"),  # an operator before any number
-        (["3"], "4"),  # two numbers in a row
         (["3"], "3"),  # only one 3 on the table
-        (["3", "*", "4"], "+"),  # no card left to follow the operator
+        (["3", "*", "4"], "4"),  # both cards used already
         ([], None),  # the model output did not parse
         ([], "twelve"),  # outside the vocabulary
     ],
 )
-def test_invalid_tokens_change_nothing_and_cost_a_step(prefix, bad):
+def test_invalid_tokens_cost_one_and_leave_a_blank(prefix, bad):
     env = EZPointsTextEnv()
     env.reset(seed_with((3, 4)))
     for token in prefix:
         assert env.step(token)[4]["action_valid"]
     obs, reward, terminated, truncated, info = env.step(bad)
-    assert not info["action_valid"] and reward == 0.0 and not terminated and not truncated
-    assert info["formula"] == prefix and info["step"] == len(prefix) + 1
+    assert not info["action_valid"] and reward == -1.0 and not terminated and not truncated
+    assert info["formula"] == [*prefix, " "] and info["step"] == len(prefix) + 1
+    assert obs["text"].endswith(" ".join([*prefix, "_"]))
 
 
-def test_truncated_after_eight_steps():
-    env = EZPointsVisualEnv()
-    env.reset(0)
-    results = [env.step(None) for _ in range(8)]
-    assert [r[3] for r in results] == [False] * 7 + [True] and not any(r[2] for r in results)
+def test_a_blank_breaks_the_formula_it_lands_in():
+    env = EZPointsTextEnv()
+    env.reset(seed_with((3, 4)))
+    rewards = [env.step(t)[1] for t in ("3", "9", "*", "4", "=")]  # "3 *4" still evaluates: +10
+    assert rewards == [0.0, -1.0, 0.0, 0.0, 10.0]
+    env.reset(seed_with((3, 4)))
+    rewards = [env.step(t)[1] for t in ("3", "*", "9", "4", "=")]  # "3* 4" too
+    assert rewards[-1] == 10.0
+    env.reset(seed_with((10, 2)))
+    rewards = [env.step(t)[1] for t in ("1", "10", "+", "2", "=")]  # " 10+2": the leading blank is ignored
+    assert rewards == [-1.0, 0.0, 0.0, 0.0, 10.0]
+
+
+def test_a_formula_longer_than_five_tokens_ends_the_episode_with_minus_one():
+    env = EZPointsTextEnv()
+    env.reset(seed_with((3, 4)))
+    results = [env.step(None) for _ in range(7)]
+    assert [r[1] for r in results] == [-1.0] * 7
+    assert [r[3] for r in results] == [False] * 6 + [True] and not any(r[2] for r in results)
+    assert results[-1][4]["formula"] == [" "] * 6  # the seventh token was never applied
+    env.reset(seed_with((3, 4)))
+    results = [env.step(t) for t in ("3", "+", "+", "+", "*", "4", "=")]  # '=' comes too late
+    assert [r[1] for r in results] == [0.0] * 6 + [-1.0] and results[-1][3] and not results[-1][2]
+
+
+def test_the_step_cap_truncates_without_a_reward():
+    env = EZPointsTextEnv(max_steps=2)
+    env.reset(seed_with((3, 4)))
+    results = [env.step(t) for t in ("3", "*")]
+    assert [r[1] for r in results] == [0.0, 0.0] and [r[3] for r in results] == [False, True]
 
 
 def test_evaluate_respects_precedence():
     assert evaluate(("2", "+", "3", "*", "4")) == 14
     assert evaluate(("2", "*", "3", "+", "4")) == 10
     assert evaluate(("2", "+")) is None and evaluate(()) is None
+    assert evaluate(("3", "4")) == 34 and evaluate(("+", "3")) == 3 and evaluate(("3", " ", "4")) is None
+    assert evaluate(("3", "*", "*", "4")) is None  # no powers: '**' is not an operator of the game
 
 
 def test_frame_is_a_green_table_with_two_distinct_legible_cards():

@@ -145,8 +145,8 @@ def test_text_messages_render_through_the_real_tokenizer(tiny_text_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_text_path)
-    obs, info, history = play("ezpoints_text", ["<think>a</think><action>+</action>"])
+    obs, info, history = play("ezpoints_text", ["<think>a</think><action>9</action>"])  # cards 4 and 3
     messages = build_messages("ezpoints_text", obs, info, history, history_window=2)
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert f"{TASK_PREFIX} {info['task']}" in prompt
-    assert prompt.index("Step 1: '+' was an invalid action") < prompt.index(ANSWER_INSTRUCTION)
+    assert prompt.index("Step 1: '9' was an invalid action") < prompt.index(ANSWER_INSTRUCTION)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from seed_vl.envs.base import Observation
-from seed_vl.envs.ezpoints import EZPointsEnv
+from seed_vl.envs.ezpoints import EZPointsEnv, show_formula
 
 
 class EZPointsTextEnv(EZPointsEnv):
@@ -11,5 +11,5 @@ class EZPointsTextEnv(EZPointsEnv):
 
     def _observe(self) -> Observation:
         cards = ", ".join(card.describe() for card in self.cards)
-        formula = " ".join(self.formula) or "(empty)"
+        formula = show_formula(self.formula) or "(empty)"
         return Observation(text=f"Cards: {cards}.\nFormula: {formula}", images=[])

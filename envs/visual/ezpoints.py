@@ -11,7 +11,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 from seed_vl.envs.base import Observation
-from seed_vl.envs.ezpoints import Card, EZPointsEnv, Formula
+from seed_vl.envs.ezpoints import Card, EZPointsEnv, Formula, show_formula
 
 TABLE_GREEN = "#35654d"
 SUIT_GLYPHS = {"hearts": "\u2665", "spades": "\u2660", "diamonds": "\u2666", "clubs": "\u2663"}
@@ -61,7 +61,7 @@ def _table(cards: tuple[Card, Card], size: int) -> Image.Image:
 
 def render_table(cards: tuple[Card, Card], formula: Formula, size: int = DEFAULT_SIZE) -> Image.Image:
     frame = _table(cards, size).copy()
-    text = "Formula: " + " ".join(formula)
+    text = "Formula: " + show_formula(formula)
     ImageDraw.Draw(frame).text((size * 0.05, size * 0.84), text, fill="white", font=_font(max(8, size // 14)))
     return frame
 
