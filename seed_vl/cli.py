@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 from seed_vl.config import ConfigError
 
+QUICK_REPRODUCE = "configs/reproduce/quick.yaml"
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and still exit status 2)."""
@@ -84,7 +86,8 @@ def _cmd_warmstart(args: argparse.Namespace) -> None:
 def _cmd_reproduce(args: argparse.Namespace) -> None:
     from seed_vl.toy.reproduce import reproduce
 
-    print(f"results written to {reproduce(args.config, args.overrides)}")
+    config = QUICK_REPRODUCE if args.quick and args.config is None else args.config
+    print(f"results written to {reproduce(config, args.overrides, report_only=args.report_only)}")
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -125,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--resume", metavar="DIR", help="a run directory or checkpoint to continue from")
         if name == "train":
             p.add_argument("--overwrite", action="store_true", help="replace what the run directory holds")
+        if name == "reproduce":
+            p.add_argument("--quick", action="store_true", help=f"the short profile ({QUICK_REPRODUCE})")
+            p.add_argument(
+                "--report-only", action="store_true", help="re-render the results from finished runs, no training"
+            )
     return parser
 
 

@@ -112,6 +112,7 @@ class AnalyzerConfig(Section):
 class AlgorithmConfig(Section):
     preset: Literal["grpo", "opsd", "sdar", "seed"] = "seed"
     opd_coef: float = Field(0.01, ge=0.0)  # lambda
+    pg_coef: float = Field(1.0, ge=0.0)  # weight of the GRPO policy-gradient term; 0: distillation alone (a diagnostic)
     gate_beta: float = Field(5.0, ge=0.0)
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
     dual_clip: float = Field(3.0, gt=1.0)

@@ -92,7 +92,8 @@ def policy_loss(
     num_tokens: float | None = None,
     num_skill_tokens: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Total loss `L = L_grpo + lambda * L_opd` and detached metrics (DESIGN §1 stage 2 step 4).
+    """Total loss `L = L_grpo + lambda * L_opd` and detached metrics (DESIGN §1 stage 2 step 4); the policy-
+    gradient part of `L_grpo` is weighted by `pg_coef` (1, except in the distillation-only diagnostic).
 
     Per-token inputs are `[B, T]`: `logprobs` (student, ordinary context: the only input gradients flow
     through, with `entropy`), `old_logprobs` (l_old), `teacher_logprobs` (l_skill), `ref_logprobs` (l_ref),
@@ -121,7 +122,8 @@ def policy_loss(
     pg, ratio, clipped, dual_clipped = ppo_dual_clip(
         logprobs, old_logprobs, adv, config.clip_eps, config.dual_clip
     )
-    loss = pg_loss = _token_mean(pg, mask, num_tokens)
+    pg_loss = _token_mean(pg, mask, num_tokens)
+    loss = config.pg_coef * pg_loss
     metrics = {
         "pg_loss": pg_loss,
         "clip_frac": _token_mean(clipped.float(), mask, num_tokens),

@@ -18,6 +18,7 @@ stays in eval mode, so dropout never fires outside LoRA's own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -49,6 +50,7 @@ from transformers.utils import is_flash_attn_2_available
 
 from seed_vl.config import ConfigError, LoraConfig, ModelConfig
 from seed_vl.processors.images import ImageSettings
+from seed_vl.prompt_cache import PromptCache
 from seed_vl.vision_cache import ImageEncoding, ImageFeatures, VisionCache, image_key
 
 Context = list[dict[str, Any]]
@@ -71,6 +73,23 @@ class Generation:
 class ScoreOutput:
     logprobs: list[torch.Tensor]  # one 1-D tensor per sample, one entry per response token
     entropies: list[torch.Tensor] | None  # same shapes; entropy of the full next-token distribution
+
+
+@dataclass
+class _EncodedBatch:
+    """A padded batch of encoded contexts; pixel patches of its images on demand (`pixels`)."""
+
+    tensors: dict[str, torch.Tensor]  # input_ids, attention_mask, [mm_token_type_ids, image_grid_thw]
+    image_keys: list[str]  # every image occurrence, in order
+    images: dict[str, Image.Image]  # image key -> the image
+    fresh_pixels: dict[str, torch.Tensor]  # image key -> patches the processor computed for this batch
+
+    def pixels(self, key: str, processor: Any) -> torch.Tensor:
+        if key not in self.fresh_pixels:
+            self.fresh_pixels[key] = processor.image_processor(images=[self.images[key]], return_tensors="pt")[
+                "pixel_values"
+            ]
+        return self.fresh_pixels[key]
 
 
 class _PerSampleGumbel(LogitsProcessor):
@@ -118,6 +137,7 @@ class Policy:
         self._tokenizer = getattr(processor, "tokenizer", processor)
         self.is_vision = hasattr(processor, "image_processor") and hasattr(model, "get_image_features")
         self.cache = vision_cache if vision_cache is not None else VisionCache(vision_cache_max_entries)
+        self._prompts = PromptCache()  # encodings do not depend on the weights: never stale
         self._rng = torch.Generator().manual_seed(seed)  # draws per-sample seeds when the caller gives none
         self.vision_tower_trainable = self.is_vision and not freeze_vision_tower
         if self.is_vision:
@@ -350,8 +370,8 @@ class Policy:
             seeds = torch.randint(0, 2**62, (len(contexts),), generator=self._rng).tolist()
         if len(seeds) != len(contexts):
             raise ValueError(f"seeds: got {len(seeds)} seeds for {len(contexts)} contexts")
-        batch, keys = self._encode_prompts(contexts, padding_side="left")
-        inputs = self._model_inputs(batch, keys, with_grad=False)
+        batch = self._encode_prompts(contexts)
+        inputs = self._model_inputs(batch, with_grad=False)
         warpers = LogitsProcessorList()
         if temperature > 0:
             warpers.append(TemperatureLogitsWarper(temperature))
@@ -375,7 +395,7 @@ class Policy:
                 **inputs, generation_config=config, logits_processor=warpers, tokenizer=self._tokenizer,
                 synced_gpus=False,
             )
-        new_tokens = output[:, batch["input_ids"].shape[1] :].tolist()
+        new_tokens = output[:, inputs["input_ids"].shape[1] :].tolist()
         return [self._finish(ids, stop_strings) for ids in new_tokens]
 
     def _finish(self, ids: list[int], stop_strings: Sequence[str]) -> Generation:
@@ -471,11 +491,10 @@ class Policy:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         # Left padding lines every sequence up at the right end, so the logits of all response tokens lie
         # in the last max(len(response)) + 1 positions and only those go through the LM head.
-        prompts, keys = self._encode_prompts(contexts, padding_side="left")
-        batch = self._append_responses(prompts, responses)
+        batch = self._encode_prompts(contexts, responses)
         longest = max(len(r) for r in responses)
-        inputs = self._model_inputs(batch, keys, with_grad=with_grad)
-        if not keys:  # text positions must skip the left padding (with images, M-RoPE's own index does)
+        inputs = self._model_inputs(batch, with_grad=with_grad)
+        if not batch.image_keys:  # text positions must skip the left padding (with images, M-RoPE's own index does)
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
         with self.autocast():
             output = self._forward_module(**inputs, use_cache=False, logits_to_keep=longest + 1)
@@ -490,46 +509,48 @@ class Policy:
         )
         return logprobs, entropies
 
-    def _append_responses(self, prompts: dict[str, torch.Tensor], responses: list[list[int]]) -> dict:
-        """Left-padded prompt + response sequences (response tokens are text: modality type 0)."""
-        real = prompts["attention_mask"].bool()
-        ids = [p[m].tolist() + r for p, m, r in zip(prompts["input_ids"], real, responses, strict=True)]
-        width = max(len(row) for row in ids)
-
-        def left_pad(rows: list[list[int]], fill: int) -> torch.Tensor:
-            return torch.tensor([[fill] * (width - len(row)) + row for row in rows], dtype=torch.long)
-
-        batch = dict(
-            prompts,
-            input_ids=left_pad(ids, self._pad_id),
-            attention_mask=left_pad([[1] * len(r) for r in ids], 0),
-        )
-        if "mm_token_type_ids" in prompts:
-            types = [
-                t[m].tolist() + [0] * len(r)
-                for t, m, r in zip(prompts["mm_token_type_ids"], real, responses, strict=True)
-            ]
-            batch["mm_token_type_ids"] = left_pad(types, 0)
-        return batch
-
-    # ----------------------------------------------------------------------------------------------
-    # inputs
-
-    def _encode_prompts(self, contexts: Sequence[Context], padding_side: str) -> tuple[dict, list[str]]:
-        """Template and tokenize contexts (one padded batch); also the cache keys of their images in order."""
-        texts, images = [], []
+    def _encode_prompts(
+        self, contexts: Sequence[Context], responses: Sequence[list[int]] | None = None
+    ) -> _EncodedBatch:
+        """Contexts (each followed by its response, if given) as one left-padded batch; each context is
+        templated and processed once (`PromptCache`), response tokens are text (modality type 0)."""
+        prompts, images, fresh_pixels = [], {}, {}
         for i, context in enumerate(contexts):
-            images.extend(self._images_of(i, context))
-            texts.append(
-                self._processor.apply_chat_template(context, tokenize=False, add_generation_prompt=True)
+            context_images = self._images_of(i, context)
+            keys = [image_key(image, self._image_settings) for image in context_images]
+            images.update(zip(keys, context_images, strict=True))
+            prompt, pixels = self._prompts.encode(
+                _texts_of(context), keys, functools.partial(self._process, context, context_images)
             )
-        kwargs = dict(padding=True, padding_side=padding_side, add_special_tokens=False, return_tensors="pt")
+            prompts.append(prompt)
+            fresh_pixels.update(pixels)
+        suffixes = responses if responses is not None else [[] for _ in prompts]
+        rows = [p.input_ids + list(r) for p, r in zip(prompts, suffixes, strict=True)]
+        width = max(len(row) for row in rows)
+
+        def left_pad(values: list[list[int]], fill: int) -> torch.Tensor:
+            return torch.tensor([[fill] * (width - len(v)) + v for v in values], dtype=torch.long)
+
+        tensors = {
+            "input_ids": left_pad(rows, self._pad_id),
+            "attention_mask": left_pad([[1] * len(row) for row in rows], 0),
+        }
+        if prompts[0].mm_token_type_ids is not None:
+            types = [p.mm_token_type_ids + [0] * len(r) for p, r in zip(prompts, suffixes, strict=True)]
+            tensors["mm_token_type_ids"] = left_pad(types, 0)
+        keys = [key for p in prompts for key in p.image_keys]
+        if keys:
+            tensors["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.image_keys])
+        return _EncodedBatch(tensors, keys, images, fresh_pixels)
+
+    def _process(self, context: Context, images: list[Image.Image]) -> dict[str, Any]:
+        """The chat template and the processor on one context."""
+        text = self._processor.apply_chat_template(context, tokenize=False, add_generation_prompt=True)
         if self.is_vision:
-            batch = self._processor(text=texts, images=images or None, **kwargs)
-        else:
-            batch = self._processor(texts, **kwargs)
-        keys = [image_key(image, self._image_settings) for image in images] if images else []
-        return dict(batch), keys
+            return self._processor(
+                text=[text], images=images or None, add_special_tokens=False, return_tensors="pt"
+            )
+        return self._processor([text], add_special_tokens=False, return_tensors="pt")
 
     def _images_of(self, index: int, context: Context) -> list[Image.Image]:
         if not isinstance(context, list) or not all(isinstance(m, dict) and "role" in m for m in context):
@@ -554,22 +575,24 @@ class Policy:
                 images.append(item["image"])
         return images
 
-    def _model_inputs(self, batch: dict, keys: list[str], with_grad: bool) -> dict[str, Any]:
-        """Model keyword arguments on the model's device; image features come from the cache."""
-        inputs = {k: v.to(self.device) for k, v in batch.items() if k != "pixel_values"}
+    def _model_inputs(self, batch: _EncodedBatch, with_grad: bool) -> dict[str, Any]:
+        """Model keyword arguments on the model's device; image features come from the cache, and only the
+        images it misses go through the image processor (unless their pixels were just computed)."""
+        inputs = {k: v.to(self.device) for k, v in batch.tensors.items()}
+        keys = batch.image_keys
         if not keys:
             return inputs
         if not self.cache.enabled:
             self.cache.count_uncached(len(keys))
-            inputs["pixel_values"] = batch["pixel_values"].to(self.device)
+            inputs["pixel_values"] = torch.cat([batch.pixels(k, self._processor) for k in keys]).to(self.device)
             return inputs
         grids = inputs["image_grid_thw"]
-        pixels = batch["pixel_values"].split(grids.prod(-1).tolist())
         tower_grad = with_grad and self.vision_tower_trainable  # the student pass through a trainable tower
 
         def encode(positions: list[int]) -> list[ImageEncoding]:
+            pixels = torch.cat([batch.pixels(keys[p], self._processor) for p in positions])
             with torch.set_grad_enabled(tower_grad):
-                return self._encode_images(torch.cat([pixels[p] for p in positions]), grids[positions])
+                return self._encode_images(pixels, grids[positions])
 
         encodings = self.cache.fetch(keys, encode, store=not tower_grad)
         inputs["mm_encoder_outputs"] = {"image": ImageFeatures.from_encodings(encodings)}
@@ -583,6 +606,17 @@ class Policy:
             ImageEncoding(embeds, tuple(layer[i] for layer in deepstack))
             for i, embeds in enumerate(output.pooler_output)
         ]
+
+
+def _texts_of(context: Context) -> list[str]:
+    """A context's roles and texts in order, image items marked: with the image keys, its cache key."""
+    parts = []
+    for message in context:
+        content = message["content"]
+        items = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        parts.append(f"<{message['role']}>")
+        parts += [item.get("text", "") if item["type"] == "text" else f"<{item['type']}>" for item in items]
+    return parts
 
 
 def _save_in_dtype(model: PreTrainedModel, out_dir: str | os.PathLike, dtype: torch.dtype, state=None) -> None:

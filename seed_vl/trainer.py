@@ -27,7 +27,7 @@ from accelerate.utils import set_seed
 
 from seed_vl import checkpoint as ckpt
 from seed_vl.analyzer import make_analyzer
-from seed_vl.config import Config, ConfigError, save_config
+from seed_vl.config import Config, ConfigError, TrainConfig, save_config
 from seed_vl.distributed import Runtime
 from seed_vl.envs.group import EnvGroup
 from seed_vl.evaluation import episode_stats, evaluate
@@ -63,6 +63,11 @@ class ActionSample:
     @property
     def response_ids(self) -> list[int]:
         return self.turn.response_ids
+
+
+def run_finished(train: TrainConfig, step: int, env_steps: int) -> bool:
+    """A run stops after `train.steps` updates, or once `train.env_step_budget` environment steps are spent."""
+    return step >= train.steps or bool(train.env_step_budget and env_steps >= train.env_step_budget)
 
 
 def run_dir_for(config: Config) -> Path:
@@ -175,9 +180,7 @@ class Trainer:
         return self.state.metrics
 
     def _finished(self, step: int) -> bool:
-        """Stop after `train.steps` updates, or once `train.env_step_budget` environment steps are spent."""
-        budget = self.config.train.env_step_budget
-        return step >= self.config.train.steps or bool(budget and self.state.counters["env_steps"] >= budget)
+        return run_finished(self.config.train, step, self.state.counters["env_steps"])
 
     def train_step(self, step: int) -> dict[str, float]:
         self._timings = {}
@@ -406,8 +409,16 @@ class Trainer:
     def _rollout_metrics(self, trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
         turns = [t for traj in trajectories for t in traj.turns]
         with_skill = [t for t in trajectories if t.skill]
+        penalty = self.config.algorithm.invalid_action_penalty
+        groups: dict[int, set[float]] = {}  # the returns GRPO sees, per group
+        for traj in trajectories:
+            groups.setdefault(traj.group_id, set()).add(
+                shaped_return(traj.episode_return, traj.invalid_actions, penalty)
+            )
         pairs = {
             **episode_stats(trajectories, prefix),
+            # Groups whose returns are all equal have zero advantage: there only the OPD term teaches.
+            "rollout/equal_return_groups": (sum(len(r) == 1 for r in groups.values()), len(groups)),
             "analyzer/success_rate": (len(with_skill), len(trajectories)),
             "analyzer/skill_words": (sum(len(t.skill.split()) for t in with_skill), len(with_skill)),
         }

@@ -1,8 +1,10 @@
-"""`seed-vl reproduce` on a minimal budget: every run trains, the RESULTS table and figures are written."""
+"""`seed-vl reproduce` on a minimal budget: every run trains, the RESULTS table and figures are written, an
+interrupted run continues from its checkpoint, and --report-only renders the same file without training."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,16 +19,17 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
         "warmstart.demonstrations=2", "warmstart.analyzer_episodes=0", "warmstart.epochs=1",
         "model.device=cpu", "train.steps=2", "rollout.num_tasks=1",
         "rollout.group_size=2", "env.max_steps=2", "eval.num_tasks=1", "eval.every=1", "logging.progress=false",
-        "checkpoint.every=0",
+        "checkpoint.every=1", "checkpoint.keep_last=2",
     ]
-    results = reproduce(None, [
+    args = [
         f"overrides={json.dumps(run_overrides)}", "methods=[grpo, seed]", "seeds=[0, 1]",
         f"output_dir={tmp_path / 'runs'}", f"results={tmp_path / 'RESULTS.md'}",
         f"figures_dir={tmp_path / 'figures'}",
-    ])
+    ]
+    results = reproduce(None, args)
 
     text = results.read_text()
-    assert "| GRPO |" in text and "| SEED |" in text
+    assert "| GRPO |" in text and "| SEED (self analyzer) |" in text
     assert "| Method | Sokoban | EZPoints |" in text
     assert "Environment steps to reach GRPO's final success rate" in text
     for task in ("sokoban", "ezpoints"):
@@ -38,17 +41,26 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
     assert len(summary) == 2 * 2 * 2
     assert all(0.0 <= r["final_success"] <= 1.0 for r in summary)
 
-    # A second call reuses every finished run (and the cached warm start) and rewrites the same table.
+    # Report-only: the same file from the same runs, nothing trained.
+    results.unlink()
     mtime = (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime
-    reproduce(None, [
-        f"overrides={json.dumps(run_overrides)}", "methods=[grpo, seed]", "seeds=[0, 1]",
-        f"output_dir={tmp_path / 'runs'}", f"results={tmp_path / 'RESULTS.md'}",
-        f"figures_dir={tmp_path / 'figures'}",
-    ])
+    assert reproduce(None, args, report_only=True).read_text() == text
     assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime
 
+    # A run interrupted after its first update continues from that checkpoint; finished runs are reused.
+    interrupted = tmp_path / "runs" / "ezpoints-seed-seed0"
+    finished = json.loads((interrupted / "metrics.jsonl").read_text().splitlines()[-1])
+    shutil.rmtree(interrupted / "checkpoints" / "step_000002")
+    reproduce(None, args)
+    assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime
+    records = [json.loads(line) for line in (interrupted / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[-1]["train/return"] == finished["train/return"]  # step 2 replayed exactly
+    timings = json.loads((tmp_path / "runs" / "timings.json").read_text())
+    assert len(timings) == 8 and all(seconds > 0 for seconds in timings.values())
+
     # Other warm-start settings would rebuild the shared base under the finished runs: refused, nothing lost.
-    with pytest.raises(ConfigError, match="finished runs started from a warm start"):
+    with pytest.raises(ConfigError, match="runs started from a warm start"):
         reproduce(None, [
             f"overrides={json.dumps([*run_overrides, 'warmstart.seed=1'])}", "methods=[grpo, seed]",
             "seeds=[0, 1]", f"output_dir={tmp_path / 'runs'}", f"results={tmp_path / 'RESULTS.md'}",
@@ -81,4 +93,4 @@ def test_results_table_reach_steps_and_a_grpo_that_never_beat_the_base(tmp_path)
     assert "| grpo | 200 of 200 | base already there |" in text
     assert "| seed | 100 of 200 | base already there |" in text  # SEED reached GRPO's final 0.4 at 100 steps
     assert "`base already there`: GRPO's final success is not above the base policy's" in text
-    assert "| SEED | 45.0 ± 0.0 | 60.0 ± 0.0 |" in text  # the mean over evaluations after step 0
+    assert "| SEED (self analyzer) | 45.0 ± 0.0 | 60.0 ± 0.0 |" in text  # the mean over evaluations after step 0

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+from seed_vl.processors.prompts import ANSWER_INSTRUCTION
 from seed_vl.toy.tiny_model import SPECIAL_TOKENS, build_tiny_model
 
 
@@ -60,19 +61,27 @@ def test_text_model_loads_like_a_qwen_checkpoint(tiny_text_path, tiny_vl_path):
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert model(ids).logits.shape[-1] == model.config.vocab_size
-    # One tokenizer for both variants.
-    assert _file_hashes(tiny_text_path)["tokenizer.json"] == _file_hashes(tiny_vl_path)["tokenizer.json"]
+    # Each variant's tokenizer is the one it was trained with, after loading (transformers imposes Qwen2's
+    # pre-tokenizer on a qwen2 checkpoint, so the text variant is trained word-level).
+    assert _file_hashes(tiny_text_path)["tokenizer.json"] != _file_hashes(tiny_vl_path)["tokenizer.json"]
 
 
-def test_tokenizer_is_fitted_to_the_project_text(tiny_text_path):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_text_path)
-    assert 2000 <= len(tokenizer) <= 4096
+@pytest.mark.parametrize("variant", ["text", "vl"])
+def test_tokenizer_is_fitted_to_the_project_text(tiny_text_path, tiny_vl_path, variant):
+    if variant == "text":
+        tokenizer = AutoTokenizer.from_pretrained(tiny_text_path)
+    else:
+        tokenizer = AutoProcessor.from_pretrained(tiny_vl_path).tokenizer
+    assert 2000 <= len(tokenizer) <= 6144
     for token in SPECIAL_TOKENS:
         assert tokenizer.convert_ids_to_tokens(tokenizer.convert_tokens_to_ids(token)) == token
         assert len(tokenizer(token)["input_ids"]) == 1
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
     # Environment and analyzer words are single tokens; anything else still round-trips through bytes.
-    for word in [" Sokoban", " left", " box", " target", " formula", " Queen", " north", " skill", " avoid"]:
+    words = [" Sokoban", " left", " box", " target", " formula", " north", " skill", " avoid"]
+    if variant == "vl":  # phrase level: frequent words and clauses, not every word after a space
+        words = ["Sokoban", " left", " box", "formula", "skill", "up", "down", "right"]
+    for word in words:
         assert len(tokenizer(word)["input_ids"]) == 1, word
     for text in [
         "<think>push</think><action>left</action>",
@@ -81,6 +90,12 @@ def test_tokenizer_is_fitted_to_the_project_text(tiny_text_path):
         "zebra ünïcode 😀",
     ]:
         assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+    # The answer tags and the move inside them are tokens of their own (gate statistics read move tokens).
+    pieces = [tokenizer.decode([t]) for t in tokenizer("<think>I push it.</think><action>left</action>")["input_ids"]]
+    assert pieces[-3:] == ["<action>", "left", "</action>"] or variant == "text"
+    if variant == "vl":  # phrase level: a whole recurring prompt line is a token or two
+        assert len(tokenizer(ANSWER_INSTRUCTION)["input_ids"]) <= 8
+        assert len(tokenizer("Admissible actions: up, down, left, right")["input_ids"]) <= 2
 
 
 @pytest.mark.parametrize(

@@ -174,3 +174,38 @@ def test_cache_is_bounded_least_recently_used_first(tiny_vl_path):
 def test_negative_bound_is_a_clear_error():
     with pytest.raises(ValueError, match="vision_cache_max_entries must be >= 0"):
         VisionCache(max_entries=-1)
+
+
+def test_a_context_goes_through_the_processor_once_and_scores_the_same(tiny_vl_path, monkeypatch):
+    """The prompt-encoding cache: repeats of a context skip templating and processing; after a weight
+    change only the images (not the whole processor) run again, for the vision encoder's misses."""
+    policy = Policy.from_pretrained(tiny_vl_path, device="cpu")
+    calls = {"prompts": 0, "images": 0}
+    process = policy._process
+
+    def counting_process(*args):
+        calls["prompts"] += 1
+        return process(*args)
+
+    image_processor = type(policy.processor.image_processor)
+    process_images = image_processor.__call__
+
+    def counting_images(self, *args, **kwargs):
+        calls["images"] += 1
+        return process_images(self, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "_process", counting_process)
+    contexts = [user_context("Two frames.", noise_frame(1), noise_frame(2)), user_context("No frame.")]
+    responses = _responses(2)
+    first = policy.score(contexts, responses).logprobs
+    monkeypatch.setattr(image_processor, "__call__", counting_images)
+    second = policy.score(contexts, responses).logprobs
+    assert calls == {"prompts": 2, "images": 0}
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+    _assert_close(second, Policy(policy.model, policy.processor).score(contexts, responses).logprobs)
+
+    calls["images"] = 0  # (the fresh policy above processed its own)
+    policy.on_weights_updated()  # the vision cache is emptied; the prompt encodings stay valid
+    _assert_close(policy.score(contexts, responses).logprobs, second)
+    assert calls == {"prompts": 2, "images": 2}  # one image-processor call per frame, nothing else

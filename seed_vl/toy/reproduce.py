@@ -1,8 +1,10 @@
 """Toy-scale reproduction of the paper's comparison (Table 8): GRPO, GRPO+OPSD and SEED from one warm-started
 base, several seeds each, equal environment-step budgets; writes a RESULTS.md table and learning curves.
 
-Runs are independent and each is skipped when its final checkpoint exists, so an interrupted reproduction
-continues where it stopped: `seed-vl reproduce --config configs/reproduce/toy.yaml` again.
+It may take hours on a CPU, so it resumes: the same command again skips finished runs and continues an
+unfinished one from its last checkpoint (`checkpoint.every` in the recipe sets how much a crash can cost).
+Each run's wall time is recorded in `<output_dir>/timings.json`; `--report-only` re-renders RESULTS.md
+from the finished runs alone, without training.
 """
 
 from __future__ import annotations
@@ -16,10 +18,33 @@ from pathlib import Path
 
 from pydantic import Field
 
-from seed_vl.checkpoint import list_checkpoints
+from seed_vl.checkpoint import list_checkpoints, load_trainer_state
 from seed_vl.config import Config, ConfigError, Section, load_config
 from seed_vl.io import atomic_write_text
+from seed_vl.plots import plot_runs
+from seed_vl.toy.warmstart import SUMMARY_FILE, cached_key, run_warmstart, warmstart_key
 from seed_vl.tracking import read_metrics
+from seed_vl.trainer import run_dir_for, run_finished, train
+
+# Method -> (name in the tables, config overrides). Presets, plus two labelled toy variants.
+METHODS: dict[str, tuple[str, list[str]]] = {
+    "grpo": ("GRPO", ["algorithm.preset=grpo"]),
+    "opsd": ("GRPO+OPSD", ["algorithm.preset=opsd"]),
+    "seed": ("SEED (self analyzer)", ["algorithm.preset=seed"]),
+    "sdar": ("SDAR (skill bank)", ["algorithm.preset=sdar"]),
+    # The scripted analyzer's skills are correct by construction: an upper bound on skill quality.
+    "seed-scripted": ("SEED (scripted analyzer)", ["algorithm.preset=seed", "analyzer.backend=scripted"]),
+    "seed-lambda1": ("SEED, lambda = 1 (toy ablation)", ["algorithm.preset=seed", "algorithm.opd_coef=1.0"]),
+    # Diagnostic: the distillation term alone (no policy gradient, KL or entropy), scripted skills.
+    "opd-only": (
+        "OPD alone (diagnostic)",
+        [
+            "algorithm.preset=seed", "analyzer.backend=scripted", "algorithm.pg_coef=0", "algorithm.kl_coef=0",
+            "algorithm.entropy_coef=0",
+        ],
+    ),
+}
+TIMINGS_FILE = "timings.json"
 
 
 class ReproduceConfig(Section):
@@ -27,7 +52,7 @@ class ReproduceConfig(Section):
         "Sokoban": "configs/tiny/sokoban_visual.yaml",
         "EZPoints": "configs/tiny/ezpoints_visual.yaml",
     }
-    methods: list[str] = ["grpo", "opsd", "seed"]
+    methods: list[str] = ["grpo", "opsd", "seed"]  # keys of METHODS
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     overrides: list[str] = []  # applied to every run, e.g. "train.steps=20"
     output_dir: str = "runs/reproduce"
@@ -68,7 +93,7 @@ def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_mod
         [
             *cfg.overrides,
             f"model.path={base_model}",
-            f"algorithm.preset={method}",
+            *METHODS[method][1],
             f"train.seed={seed}",
             f"train.output_dir={cfg.output_dir}",
             f"train.run_name={task.lower()}-{method}-seed{seed}",
@@ -76,20 +101,17 @@ def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_mod
     )
 
 
-def reproduce(config_path: str | None, overrides: list[str]) -> Path:
-    from seed_vl.plots import plot_runs
-    from seed_vl.toy.warmstart import cached_key, run_warmstart, warmstart_key
-    from seed_vl.trainer import run_dir_for, train
-
+def reproduce(config_path: str | None, overrides: list[str], *, report_only: bool = False) -> Path:
+    """Train every (task, method, seed) run not finished yet, then write the results; `report_only`: only
+    write them, from the runs already finished."""
     cfg = load_config(config_path, overrides, schema=ReproduceConfig)
     for task, recipe in cfg.tasks.items():
         if not Path(recipe).is_file():
             raise ConfigError(f"tasks.{task}: recipe not found: {recipe}")
     for method in cfg.methods:
-        if method not in ("grpo", "opsd", "seed", "sdar"):
-            raise ConfigError(f"methods: unknown preset '{method}'")
+        if method not in METHODS:
+            raise ConfigError(f"methods: unknown method '{method}' (choose from {', '.join(METHODS)})")
 
-    started = time.perf_counter()
     # One warm-started base for every task, method and seed: the first recipe's warm start over every task's
     # environment, kept in the reproduction's own directory so that a demo cannot replace it.
     envs = [load_config(recipe, cfg.overrides).env.name for recipe in cfg.tasks.values()]
@@ -98,29 +120,71 @@ def reproduce(config_path: str | None, overrides: list[str]) -> Path:
         f"warmstart.envs=[{', '.join(envs)}]",
         f"warmstart.out_dir={Path(cfg.output_dir) / 'warmstart'}",
     ])
-    finished = [d for d in Path(cfg.output_dir).glob("*/checkpoints") if list_checkpoints(d)]
-    if finished and cached_key(Path(first.warmstart.out_dir)) != warmstart_key(first):
-        raise ConfigError(
-            f"{cfg.output_dir}: its finished runs started from a warm start that the current code or settings "
-            "would rebuild; remove the directory (or set output_dir) to start over"
-        )
-    base_model = str(run_warmstart(first))
-    results: list[RunResult] = []
+    warmstart_dir = Path(first.warmstart.out_dir)
+    base_model = str(warmstart_dir / "model")
+    runs = {
+        (task, method, seed): run_config(cfg, task, method, seed, base_model)
+        for task in cfg.tasks for method in cfg.methods for seed in cfg.seeds
+    }
+    if not report_only:
+        started = [c for c in runs.values() if list_checkpoints(run_dir_for(c) / "checkpoints")]
+        if started and cached_key(warmstart_dir) != warmstart_key(first):
+            raise ConfigError(
+                f"{cfg.output_dir}: its runs started from a warm start that the current code or settings would "
+                "rebuild; remove the directory (or set output_dir) to start over, or pass --report-only"
+            )
+        run_warmstart(first)
+        for (task, method, seed), run_cfg in runs.items():
+            _train_to_the_end(run_cfg, f"{task} / {method} / seed {seed}", Path(cfg.output_dir) / TIMINGS_FILE)
+
+    results = []
+    for (task, method, seed), run_cfg in runs.items():
+        if run_status(run_cfg) == "finished":
+            results.append(RunResult(task, method, seed, run_dir_for(run_cfg), read_metrics(run_dir_for(run_cfg))))
+    if not results:
+        raise ConfigError(f"{cfg.output_dir}: no finished run to report")
     for task in cfg.tasks:
-        for method in cfg.methods:
-            for seed in cfg.seeds:
-                run_cfg = run_config(cfg, task, method, seed, base_model)
-                run_dir = run_dir_for(run_cfg)
-                if not list_checkpoints(run_dir / "checkpoints"):  # an unfinished run starts over
-                    print(f"[reproduce] {task} / {method} / seed {seed}", flush=True)
-                    train(run_cfg, overwrite=True)
-                results.append(RunResult(task, method, seed, run_dir, read_metrics(run_dir)))
-        figure = Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png"
         task_runs = [r for r in results if r.task == task]
-        plot_runs([r.run_dir for r in task_runs], figure, labels=[r.method for r in task_runs])
-    minutes = (time.perf_counter() - started) / 60
+        if task_runs:
+            figure = Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png"
+            plot_runs([r.run_dir for r in task_runs], figure, labels=[r.method for r in task_runs])
+    minutes = _recorded_minutes(Path(cfg.output_dir), warmstart_dir, [r.run_dir.name for r in results])
     write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides)
     return Path(cfg.results)
+
+
+def run_status(config: Config) -> str:
+    """'finished', 'unfinished' (a checkpoint to continue from) or 'absent'."""
+    checkpoints = list_checkpoints(run_dir_for(config) / "checkpoints")
+    if not checkpoints:
+        return "absent"
+    state = load_trainer_state(checkpoints[-1])
+    return "finished" if run_finished(config.train, state.step, state.counters["env_steps"]) else "unfinished"
+
+
+def _train_to_the_end(config: Config, label: str, timings: Path) -> None:
+    status = run_status(config)
+    if status == "finished":
+        return
+    print(f"[reproduce] {label}" + (" (continued)" if status == "unfinished" else ""), flush=True)
+    started = time.perf_counter()
+    if status == "unfinished":
+        train(config, resume=str(run_dir_for(config)))
+    else:  # a run that never reached a checkpoint starts over
+        train(config, overwrite=True)
+    seconds = json.loads(timings.read_text()) if timings.is_file() else {}
+    name = run_dir_for(config).name
+    seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - started  # summed over sessions
+    atomic_write_text(timings, json.dumps(seconds, indent=1, sort_keys=True) + "\n")
+
+
+def _recorded_minutes(output_dir: Path, warmstart_dir: Path, run_names: list[str]) -> float:
+    """Training wall time of the reported runs plus the warm start's, as recorded when they ran."""
+    timings = output_dir / TIMINGS_FILE
+    seconds = json.loads(timings.read_text()) if timings.is_file() else {}
+    warmstart = warmstart_dir / SUMMARY_FILE
+    total = json.loads(warmstart.read_text()).get("wall_time_s", 0.0) if warmstart.is_file() else 0.0
+    return (total + sum(seconds.get(name, 0.0) for name in run_names)) / 60
 
 
 def first_reach(curves: list[list[tuple[float, float]]], target: float) -> float:
@@ -148,7 +212,7 @@ def _method_table_header(tasks: list[str]) -> list[str]:
 
 
 def _method_name(method: str) -> str:
-    return "GRPO+OPSD" if method == "opsd" else method.upper()
+    return METHODS[method][0]
 
 
 def write_results(
@@ -229,11 +293,15 @@ def write_results(
         "",
         "## Diagnostics (mean over training steps and seeds)",
         "",
-        "| Task | Method | train success | analyzer ok | skill words | gate mean | gate > 0.5 | OPD loss | KL | entropy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "`equal returns`: the share of groups whose returns are all equal (zero advantage: there the OPD term is",
+        "the only learning signal).",
+        "",
+        "| Task | Method | train success | equal returns | analyzer ok | skill words | gate mean | gate > 0.5 "
+        "| OPD loss | KL | entropy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = ["train/success_rate", "analyzer/success_rate", "analyzer/skill_words", "gate_mean", "gate_open_frac",
-            "opd_loss", "kl", "entropy"]
+    keys = ["train/success_rate", "rollout/equal_return_groups", "analyzer/success_rate", "analyzer/skill_words",
+            "gate_mean", "gate_open_frac", "opd_loss", "kl", "entropy"]
     for t in tasks:
         for m in methods:
             values = [statistics.fmean([r.mean(k) for r in by[(t, m)]]) if by[(t, m)] else math.nan for k in keys]

@@ -2,15 +2,23 @@
 
 Tests and the CPU demo need a real checkpoint without any model hub: `build_tiny_model` writes one that
 `AutoModelForImageTextToText` + `AutoProcessor` (or `AutoModelForCausalLM` + `AutoTokenizer` for the
-text-only variant) load exactly like a Qwen release. The tokenizer is a byte-level BPE trained in-process
-on the words the environments, prompts and analyzer use, so their text costs few tokens. The same seed
-writes the same bytes.
+text-only variant) load exactly like a Qwen release. The same seed writes the same bytes.
+
+The tokenizer is a byte-level BPE trained in-process on the text the environments, prompt templates and
+analyzer really produce (rendered from solver and random episodes). The vision-language variants use a
+phrase-level pre-tokenizer: only digits, newlines and the answer tags `<think>`, `</think>`, `<action>`,
+`</action>` are split off, so merges may span words and a recurring clause of the prompt ("Admissible
+actions: up, down, left, right") costs one or two tokens (the text-only variant keeps Qwen2's word-level
+pre-tokenizer: `train_tokenizer` says why). A tiny model's compute goes into its sequence length; this tokenizer, the toy's
+own (a real run uses its model's), keeps the toy's sequences several times shorter than word-level BPE.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+import random
 from pathlib import Path
 
 import torch
@@ -19,6 +27,7 @@ from transformers import (
     GenerationConfig,
     PreTrainedConfig,
     PreTrainedModel,
+    PreTrainedTokenizerFast,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2_5_VLProcessor,
@@ -51,7 +60,7 @@ SPECIAL_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
-VOCAB_SIZE = 4096  # BPE cap; the corpus yields ~2.2k tokens (embeddings padded to a multiple of 64)
+VOCAB_SIZE = 6144  # BPE cap (embeddings padded to a multiple of 64)
 MIN_PIXELS = 4 * 28 * 28  # 56x56
 MAX_PIXELS = 256 * 28 * 28  # a 300x300 EZPoints frame fits without downscaling
 
@@ -74,8 +83,10 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-# Qwen2's pre-tokenizer: contractions, letter runs, single digits, punctuation runs, whitespace.
-_PRETOKENIZE_REGEX = (
+# Phrase level: split off (and never merge across) digits, line breaks and the answer tags, nothing else.
+_PHRASE_REGEX = r"</?(?:think|action)>|\p{N}|[\r\n]+"
+# Word level, Qwen2's: contractions, letter runs, single digits, punctuation runs, whitespace.
+_WORD_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
@@ -205,18 +216,64 @@ def _corpus_lines() -> list[str]:
     return sokoban + ezpoints + textworld + analyzer + instructions + answers + generic + numbers
 
 
-TOKENIZER_CORPUS: tuple[str, ...] = tuple(_corpus_lines())
+def _rendered_lines(episodes_per_env: int = 16) -> list[str]:
+    """The text of real prompts, answers and analyzer pairs: solver and random episodes of the Sokoban and
+    EZPoints environments, rendered by the same code a rollout and the analyzer use (frames left out)."""
+    from seed_vl.analyzer import build_analyzer_prompt, format_analysis
+    from seed_vl.config import EnvConfig
+    from seed_vl.envs.registry import make_env
+    from seed_vl.processors import prompts
+    from seed_vl.toy.demonstrations import play_demonstrations, play_random_episodes
+    from seed_vl.toy.warmstart import terse_response
+
+    lines = []
+    rng = random.Random(0)
+    for name in ("sokoban_text", "sokoban_visual", "ezpoints_text", "ezpoints_visual"):
+        env = EnvConfig(name=name, cell_px=16)
+        seeds = list(range(episodes_per_env))
+        solved = play_demonstrations(env, episodes_per_env, seed=0, history_window=2, image_settings=None, rng=rng)
+        failed = play_random_episodes(env, seeds, history_window=2, image_settings=None, rng=rng)
+        game = make_env(env)
+        for episode in failed:
+            hindsight = game.hindsight(episode.seed, episode.actions, rng)
+            episode.summary, episode.skill = hindsight["episode_summary"], hindsight["episode_skill"]
+        for episode in solved + failed:
+            for turn in episode.turns:
+                lines += [_text_of(turn.context), turn.response_text, terse_response(turn.response_text)]
+            prompt = build_analyzer_prompt(episode, with_images=False, max_steps=15)
+            lines += [_text_of(prompt), format_analysis(episode.summary, episode.skill)]
+    # Outcomes the scripted actors never produce: answers that do not parse, rejected moves.
+    for step, action, reward in itertools.product((1, 2, 3), (None, "up", "left", "5", "+", "="), (-0.1, 0.0, -1.0)):
+        lines += [prompts.outcome_line(step, action, False, reward), prompts.outcome_line(step, action, True, reward)]
+    return lines
+
+
+def _text_of(messages: list[dict]) -> str:
+    return "\n".join(
+        m["content"] if isinstance(m["content"], str) else "".join(i.get("text", "") for i in m["content"])
+        for m in messages
+    )
+
+
+@functools.cache
+def tokenizer_corpus() -> tuple[str, ...]:
+    return (*_corpus_lines(), *_rendered_lines())
 
 
 def train_tokenizer(
-    corpus: tuple[str, ...] = TOKENIZER_CORPUS, vocab_size: int = VOCAB_SIZE
-) -> Qwen2Tokenizer:
-    """Byte-level BPE with Qwen2's normalizer, pre-tokenizer and special tokens, trained on `corpus`."""
+    corpus: tuple[str, ...] | None = None, vocab_size: int = VOCAB_SIZE, *, phrases: bool = True
+) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with Qwen2's normalizer and special tokens, trained on `corpus` (default: ours).
+
+    `phrases=False` keeps Qwen2's word-level pre-tokenizer and class: transformers loads every `qwen2`
+    checkpoint with `Qwen2Tokenizer`, which imposes that pre-tokenizer, so the text-only variant has to
+    be trained with it (a vision-language checkpoint keeps the tokenizer its tokenizer.json describes)."""
+    corpus = tokenizer_corpus() if corpus is None else corpus
     backend = Tokenizer(models.BPE())
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.Split(Regex(_PHRASE_REGEX if phrases else _WORD_REGEX), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -229,7 +286,8 @@ def train_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     backend.train_from_iterator(corpus, trainer=trainer)
-    tokenizer = Qwen2Tokenizer(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer_class = PreTrainedTokenizerFast if phrases else Qwen2Tokenizer
+    tokenizer = tokenizer_class(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -265,7 +323,7 @@ def _mrope_section(head_dim: int) -> list[int]:
 
 
 def tiny_config(
-    arch: str, tokenizer: Qwen2Tokenizer, text_dims: dict | None = None, vision_dims: dict | None = None
+    arch: str, tokenizer: PreTrainedTokenizerFast, text_dims: dict | None = None, vision_dims: dict | None = None
 ) -> PreTrainedConfig:
     """The tiny configuration of `arch` ("qwen2" for the text-only model): real Qwen layouts, small sizes.
     `text_dims` / `vision_dims` override the sizes (the scoring benchmark builds a scaled model this way)."""
@@ -309,7 +367,7 @@ def tiny_config(
     )
 
 
-def _processor(arch: str, tokenizer: Qwen2Tokenizer):
+def _processor(arch: str, tokenizer: PreTrainedTokenizerFast):
     pixels = dict(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
     if arch == "qwen3_vl":  # 16-pixel patches, mean/std 0.5, like Qwen3-VL releases
         half = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
@@ -343,7 +401,7 @@ def build_tiny_model(
     `device` and `dtype` serve scaled-up builds (`scripts/gpu_smoke.py` initialises 3B weights on a GPU)."""
     _check_arch(arch)
     arch = "qwen2" if text_only else arch
-    tokenizer = train_tokenizer()
+    tokenizer = train_tokenizer(phrases=not text_only)
     config = tiny_config(arch, tokenizer, text_dims, vision_dims)
     with torch.random.fork_rng(devices=[]), torch.device(device):  # the caller's RNG is untouched
         torch.manual_seed(seed)
