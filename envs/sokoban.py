@@ -233,10 +233,11 @@ def _reverse_play(floor: frozenset[Cell], targets: frozenset[Cell], player: Cell
 
 
 # ------------------------------------------------------------------------------------------------- solver
-def solve(state: SokobanState) -> list[str] | None:
+def solve(state: SokobanState, actions: Sequence[str] = ACTIONS) -> list[str] | None:
     """A shortest move list that puts every box on a target (BFS over player and box cells), or None when
     no move sequence solves the room. Boxes pushed onto dead cells (from which no push sequence reaches a
-    target) are pruned, which keeps the search exact and optimal."""
+    target) are pruned, which keeps the search exact and optimal. `actions` orders the moves tried: among
+    shortest plans, another order finds another one."""
     if state.solved:
         return []
     live = _live_cells(state.floor, state.targets)
@@ -247,7 +248,7 @@ def solve(state: SokobanState) -> list[str] | None:
     frontier = deque([start])
     while frontier:
         node = frontier.popleft()
-        for action in ACTIONS:
+        for action in actions:
             step = _push_or_walk(state.floor, node[0], node[1], DELTAS[action])
             if step is None:
                 continue

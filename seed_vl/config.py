@@ -191,7 +191,7 @@ class WarmstartConfig(Section):
     # solver episodes per environment, or per environment name (EZPoints episodes are short and its cards
     # must be learnt from pixels: it needs more of them than Sokoban)
     demonstrations: int | dict[str, int] = 120
-    demo_skill_fraction: float = Field(0.5, ge=0.0, le=1.0)  # share of demo contexts with the scripted skill
+    demo_skill_fraction: float = Field(0.5, ge=0.0, le=1.0)  # share of demo episodes: a varied plan, its skill shown
     analyzer_episodes: int = Field(96, ge=0)  # labelled episodes per environment: half solver, half random
     train_vision_tower: bool = True  # pretraining teaches the tower to see; RL keeps it frozen by default
     epochs: int = Field(2, ge=1)  # stopped early on purpose (see warmstart.json for the base success rates)

@@ -76,21 +76,36 @@ def collect_rollouts(
 ) -> list[Trajectory]:
     """Play one episode in every environment of `group` with the policy as the actor: all live episodes
     of a turn are answered by one batched `generate` call."""
+    actor = policy_actor(
+        policy, sampling, seed_of=lambda p: derive_seed(seed, step, group.episode_ids[p.episode], p.turn)
+    )
+    return play_episodes(
+        group, actor, history_window=sampling.history_window, image_settings=policy.image_settings,
+        on_episode_end=on_episode_end,
+    )
 
-    def generate(prompts: list[Prompt]) -> list[Generation]:
+
+def policy_actor(
+    policy: Policy,
+    sampling: SamplingSettings,
+    *,
+    seed_of: Callable[[Prompt], int],
+    context_of: Callable[[Prompt], Context] = lambda prompt: prompt.context,
+) -> Actor:
+    """The policy answering a turn's prompts in one batched `generate`, each sampled with its own seed;
+    `context_of` may show it something else than the ordinary context (e.g. a skill inserted)."""
+
+    def act(prompts: list[Prompt]) -> list[Generation]:
         return policy.generate(
-            [p.context for p in prompts],
+            [context_of(p) for p in prompts],
             max_new_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             stop_strings=STOP_STRINGS,
-            seeds=[derive_seed(seed, step, group.episode_ids[p.episode], p.turn) for p in prompts],
+            seeds=[seed_of(p) for p in prompts],
         )
 
-    return play_episodes(
-        group, generate, history_window=sampling.history_window, image_settings=policy.image_settings,
-        on_episode_end=on_episode_end,
-    )
+    return act
 
 
 def play_episodes(

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from seed_vl.config import EnvConfig
-from seed_vl.envs import sokoban
+from seed_vl.envs import ezpoints, sokoban
 from seed_vl.envs.base import run_length
 from seed_vl.envs.registry import make_env
 from seed_vl.processors.images import ImageSettings
@@ -49,32 +49,44 @@ def test_demonstrations_replay_to_a_win(env_name):
             assert run_length(episode.actions) in episode.skill
 
 
-def test_demonstration_contexts_carry_the_scripted_skill_when_drawn():
-    def examples(fraction: float) -> list[SFTExample]:
-        return demonstration_examples(
-            EnvConfig(name="sokoban_text"),
-            4,
-            seed=0,
-            history_window=2,
-            image_settings=None,
-            skill_fraction=fraction,
-            rng=random.Random(1),
-        )
+def test_skill_episodes_follow_a_varied_plan_that_their_skill_names():
+    """Without a skill: the solver's canonical plan. With one: another winning plan (another shortest
+    order, or a detour first) that the skill quotes, so only the skill tells the moves apart."""
+    env = EnvConfig(name="sokoban_text")
+    kwargs = dict(history_window=2, image_settings=None)
+    canonical = play_demonstrations(env, 12, seed=0, rng=random.Random(1), **kwargs)
+    varied = play_demonstrations(env, 12, seed=0, rng=random.Random(1), varied=True, **kwargs)
+    for episode in canonical:
+        assert episode.actions == sokoban.solve(sokoban.generate_room(episode.seed))
+    for episode in varied:
+        assert episode.won and run_length(episode.actions) in episode.skill
+    solutions = {e.seed: sokoban.solve(sokoban.generate_room(e.seed)) for e in varied}
+    assert sum(e.actions != solutions[e.seed] for e in varied) >= 6
+    assert sum(e.length > len(solutions[e.seed]) for e in varied) >= 3  # detours
 
     def with_skill(example: SFTExample) -> bool:
         return SKILL_HEADER in user_text(example.context)
 
-    episodes = play_demonstrations(
-        EnvConfig(name="sokoban_text"), 4, seed=0, history_window=2, image_settings=None, rng=random.Random(1)
-    )
+    def examples(fraction: float) -> list[SFTExample]:
+        return demonstration_examples(env, 4, seed=0, skill_fraction=fraction, rng=random.Random(1), **kwargs)
+
     always, never, half = examples(1.0), examples(0.0), examples(0.5)
-    assert len(always) == sum(e.length for e in episodes) > 4
     assert all(map(with_skill, always)) and not any(map(with_skill, never))
+    assert not any(e.end_of_turn for e in always + never)
     assert 0 < sum(map(with_skill, half)) < len(half)
-    turns = [(episode, turn) for episode in episodes for turn in episode.turns]
-    for example, (episode, turn) in zip(always, turns, strict=True):
-        assert f"[{episode.skill}]" in user_text(example.context)
-        assert example.response == turn.response_text and not example.end_of_turn
+
+
+def test_ezpoints_skill_episodes_type_the_formula_their_skill_names():
+    env = EnvConfig(name="ezpoints_text")
+    episodes = play_demonstrations(
+        env, 16, seed=0, history_window=2, image_settings=None, rng=random.Random(2), varied=True
+    )
+    for episode in episodes:
+        assert " ".join(episode.actions[:-1]) in episode.skill and episode.actions[-1] == "="
+    canonical = play_demonstrations(env, 16, seed=0, history_window=2, image_settings=None, rng=random.Random(2))
+    for episode in canonical:
+        values = make_env(env).reset(episode.seed)[1]["card_values"]
+        assert tuple(episode.actions[:-1]) == ezpoints.solve(values)[0]
 
 
 def test_textworld_demonstrations_follow_the_walkthrough(tmp_path, monkeypatch):

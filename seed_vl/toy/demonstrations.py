@@ -41,12 +41,14 @@ def play_demonstrations(
     history_window: int,
     image_settings: ImageSettings | None,
     rng: random.Random,
+    varied: bool = False,
 ) -> list[Trajectory]:
     """`num_episodes` won episodes on the training seeds `seed, seed + 1, ...`, skipping any task whose
     solution does not fit the step budget, each with its scripted skill; `rng` draws every choice
-    (phrasings, formulas)."""
+    (phrasings, formulas). `varied`: each plan is drawn among many winning ones (another shortest order,
+    a detour first) instead of the solver's canonical one, so that only its skill tells it apart."""
     env = make_env(env_config)
-    planner, thinker = _solver_for(env)
+    planner, thinker = _solver_for(env, varied)
     plans: dict[int, Plan] = {}  # task seed -> the plan the solver plays
     task_seed = seed
     while len(plans) < num_episodes:
@@ -135,27 +137,35 @@ def demonstration_examples(
     skill_fraction: float,
     rng: random.Random,
 ) -> list[SFTExample]:
-    """One example per turn of `num_episodes` solver demonstrations; with probability `skill_fraction` a
-    turn's context carries its episode's scripted skill, which teaches that skill text in context is worth
-    following."""
-    episodes = play_demonstrations(
-        env_config, num_episodes, seed=seed, history_window=history_window, image_settings=image_settings, rng=rng
-    )
-    return [
-        SFTExample(
-            insert_skill(turn.context, episode.skill) if rng.random() < skill_fraction else turn.context,
-            turn.response_text,
-        )
-        for episode in episodes
+    """One example per turn of `num_episodes` solver demonstrations. A `skill_fraction` share of the
+    episodes plays a varied plan (another move order, a detour) with its scripted skill, which names that
+    plan, in every context: there the frame alone does not decide the move, the skill does, which teaches
+    reading it. The other episodes play the canonical plan with no skill, as a deployed policy acts."""
+    with_skill = round(num_episodes * skill_fraction)
+    kwargs = dict(history_window=history_window, image_settings=image_settings, rng=rng)
+    plain = play_demonstrations(env_config, num_episodes - with_skill, seed=seed, **kwargs)
+    next_seed = max((e.seed for e in plain), default=seed - 1) + 1
+    varied = play_demonstrations(env_config, with_skill, seed=next_seed, varied=True, **kwargs)
+    examples = [SFTExample(turn.context, turn.response_text) for episode in plain for turn in episode.turns]
+    examples += [
+        SFTExample(insert_skill(turn.context, episode.skill), turn.response_text)
+        for episode in varied
         for turn in episode.turns
     ]
+    return examples
 
 
-def _solver_for(env: Env) -> tuple[Planner, Thinker]:
+def solver_plan(env: Env, seed: int, rng: random.Random) -> Plan | None:
+    """The solver's canonical plan for task `seed` (None: no solution)."""
+    env.reset(seed)
+    return _solver_for(env)[0](env, rng)
+
+
+def _solver_for(env: Env, varied: bool = False) -> tuple[Planner, Thinker]:
     if isinstance(env, sokoban.SokobanEnv):
-        return _sokoban_plan, _sokoban_think
+        return (_varied_sokoban_plan if varied else _sokoban_plan), _sokoban_think
     if isinstance(env, ezpoints.EZPointsEnv):
-        return _ezpoints_plan, _ezpoints_think
+        return (_varied_ezpoints_plan if varied else _ezpoints_plan), _ezpoints_think
     if env.name == "textworld":  # an optional extra: its module is not imported here
         return _walkthrough_plan, _walkthrough_think
     raise ConfigError(f"env.name: '{env.name}' has no solver for demonstrations")
@@ -178,6 +188,21 @@ _FINAL_PUSH = ("Pushing {move} puts the box on the target.", "One push {move} fi
 
 def _sokoban_plan(env: sokoban.SokobanEnv, rng: random.Random) -> Plan | None:
     return sokoban.solve(env.state)
+
+
+def _varied_sokoban_plan(env: sokoban.SokobanEnv, rng: random.Random) -> Plan | None:
+    """Mostly one to three random moves first (never into a dead end), then a shortest plan from there
+    with the moves tried in a random order; otherwise only the random order."""
+    state, detour = env.state, []
+    if rng.random() < 0.75:
+        for _ in range(rng.randint(1, 3)):
+            moves = [m for m in sokoban.ACTIONS if state.move(m)[1] and not sokoban.is_deadlocked(state.move(m)[0])]
+            move = rng.choice(moves)
+            state, detour = state.move(move)[0], [*detour, move]
+    order = list(sokoban.ACTIONS)
+    rng.shuffle(order)
+    rest = sokoban.solve(state, actions=order)
+    return None if rest is None else detour + rest
 
 
 def _sokoban_think(env: sokoban.SokobanEnv, plan: Plan, k: int, rng: random.Random) -> str:
@@ -221,6 +246,10 @@ _SUBMIT = ("{formula} equals 12 and uses both cards, so I submit.", "The formula
 
 
 def _ezpoints_plan(env: ezpoints.EZPointsEnv, rng: random.Random) -> Plan:
+    return [*ezpoints.solve(env.values)[0], ezpoints.EQUALS]
+
+
+def _varied_ezpoints_plan(env: ezpoints.EZPointsEnv, rng: random.Random) -> Plan:
     return [*rng.choice(ezpoints.solve(env.values)), ezpoints.EQUALS]
 
 

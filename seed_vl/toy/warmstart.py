@@ -4,14 +4,17 @@ A real run starts from a pretrained instruct model that already follows the answ
 in its context. No weights can be downloaded here, so `seed-vl warmstart` gives the randomly initialised
 tiny model a short, documented substitute, one shuffled SFT over every `warmstart.envs` environment:
 
-  * behaviour cloning on solver demonstrations (`demonstration_examples`), a share of the contexts carrying
-    the episode's scripted skill, so that skill text in context is worth reading;
+  * behaviour cloning on solver demonstrations (`demonstration_examples`): canonical plans with no skill,
+    and a `demo_skill_fraction` share of episodes that play another winning plan (another move order, a
+    detour) with the scripted skill naming it in every context, so the skill decides moves the frame
+    alone does not, which is what makes skill text worth reading;
   * stage-1 analyzer SFT: analyzer prompt -> scripted-analyzer JSON on solver episodes (workflow skills)
     and random-action episodes (mostly avoidance rules), so that the model can write skills.
 
 It stops early on purpose (few demonstrations, few epochs): the base policy should solve a minority of
 held-out episodes and leave room for RL. `warmstart.json` records the settings, the SFT loss curve, the
-base success rates measured like the trainer's evaluation, and the wall time.
+base success rates measured like the trainer's evaluation, whether the base follows a skill
+(`skill_probe`), and the wall time.
 
 Cache: `warmstart.out_dir` holds `model/` and `warmstart.json`. It is reused while its key - a hash of the
 settings, the base model's weights and the package source - matches, and is otherwise rebuilt in a
@@ -47,6 +50,7 @@ from seed_vl.processors.images import ImageSettings
 from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed
 from seed_vl.sft import SFTExample, SFTSettings, train_sft
 from seed_vl.toy.demonstrations import demonstration_examples, play_demonstrations, play_random_episodes
+from seed_vl.toy.skill_probe import measure_skill_following
 from seed_vl.toy.tiny_model import build_tiny_model
 from seed_vl.tracking import Phase
 
@@ -244,7 +248,8 @@ def analyzer_examples(
 # --------------------------------------------------------------------------------------------- evaluation
 def measure_base_policy(policy: Policy, config: Config, env: EnvConfig) -> dict[str, float]:
     """Success rate and friends on the held-out tasks the trainer's evaluation plays (same seeds and
-    sampling), plus how often the self-analyzer writes a usable skill for those episodes."""
+    sampling), how often the self-analyzer writes a usable skill for those episodes, and whether the
+    policy follows a skill (`skill_probe`: success with no, the correct and a wrong skill; gap and gate)."""
     group = EnvGroup(env, num_tasks=config.eval.num_tasks, group_size=1, split="eval")
     sampling = SamplingSettings.from_config(config.rollout, temperature=config.eval.temperature)
     with Phase(f"warm start: eval {env.name}", len(group), "episode", enabled=config.logging.progress) as bar:
@@ -255,6 +260,8 @@ def measure_base_policy(policy: Policy, config: Config, env: EnvConfig) -> dict[
     make_analyzer(analyzer, env, policy=policy, seed=config.warmstart.seed).analyze(trajectories)
     metrics = {key.removeprefix("eval/"): s / n for key, (s, n) in episode_stats(trajectories, "eval").items()}
     metrics["analyzer_valid_rate"] = sum(t.skill is not None for t in trajectories) / len(trajectories)
+    following = measure_skill_following(policy, config, env, num_tasks=config.eval.num_tasks)
+    metrics.update({f"skills/{key}": value for key, value in following.items()})
     return metrics
 
 

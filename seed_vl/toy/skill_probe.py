@@ -1,0 +1,127 @@
+"""Does the policy read a skill? The precondition SEED's distillation channel rests on, measured.
+
+On held-out tasks the policy plays three times: with no skill in its context (as deployed), with the correct
+skill (the scripted analyzer's hindsight of the solver's winning episode on that very task, the kind of skill
+a won group member hands its group), and with a wrong one (the correct skill of another task). On the
+no-skill episodes, every move token (inside `<action>`) is then scored with and without the correct skill:
+the teacher-student gap `l_skill - l_old` and the gate `sigmoid(beta * gap)` SEED would apply, averaged over
+won and over lost episodes. A policy that reads skills wins more with the correct one, not with the wrong
+one, and its gap is positive where the skill names the move it took.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from seed_vl.config import Config, EnvConfig
+from seed_vl.envs.group import EnvGroup
+from seed_vl.envs.registry import make_env
+from seed_vl.evaluation import EVAL_STEP
+from seed_vl.losses import opd_gate
+from seed_vl.policy import Policy
+from seed_vl.rollout import SamplingSettings, derive_seed, play_episodes, policy_actor
+from seed_vl.skills import insert_skill
+from seed_vl.toy.demonstrations import solver_plan
+from seed_vl.trajectory import Trajectory
+
+CONDITIONS = ("none", "correct", "wrong")
+_PROBE_STREAM = 0x5C11
+
+
+def measure_skill_following(policy: Policy, config: Config, env: EnvConfig, num_tasks: int) -> dict[str, float]:
+    """Success per skill condition, and the move-token gap and gate for won and lost no-skill episodes."""
+    sampling = SamplingSettings.from_config(config.rollout, temperature=config.eval.temperature)
+    seeds = EnvGroup(env, num_tasks=num_tasks, group_size=1, split="eval").seeds
+    skills = correct_skills(env, seeds)
+    wrong = {seed: skills[seeds[(k + 1) % len(seeds)]] for k, seed in enumerate(seeds)}
+    metrics, played = {}, {}
+    for condition, skill_of in (("none", {}), ("correct", skills), ("wrong", wrong)):
+        episodes = play_with_skills(policy, env, seeds, skill_of, sampling, seed=config.warmstart.seed)
+        metrics[f"success/{condition}"] = statistics.fmean(e.won for e in episodes)
+        played[condition] = episodes
+    for outcome in ("won", "lost"):
+        gaps = move_token_gaps(
+            policy,
+            [e for e in played["none"] if e.won == (outcome == "won")],
+            skills,
+            temperature=sampling.temperature,
+        )
+        metrics[f"gap/{outcome}"] = statistics.fmean(gaps) if gaps else float("nan")
+        gates = opd_gate(torch.zeros(len(gaps)), torch.tensor(gaps), config.algorithm.gate_beta) if gaps else None
+        metrics[f"gate/{outcome}"] = float(gates.mean()) if gates is not None else float("nan")
+        metrics[f"move_tokens/{outcome}"] = len(gaps)
+    return metrics
+
+
+def correct_skills(env: EnvConfig, seeds: list[int]) -> dict[int, str]:
+    """Each task's scripted hindsight skill of the solver's winning episode on it."""
+    game, skills = make_env(env), {}
+    for seed in seeds:
+        rng = random.Random(derive_seed(_PROBE_STREAM, seed))
+        skills[seed] = game.hindsight(seed, solver_plan(game, seed, rng) or [], rng)["episode_skill"]
+    return skills
+
+
+def play_with_skills(
+    policy: Policy,
+    env: EnvConfig,
+    seeds: list[int],
+    skill_of: dict[int, str],
+    sampling: SamplingSettings,
+    *,
+    seed: int,
+) -> list[Trajectory]:
+    """One episode per task seed, each turn's context carrying that task's skill when it has one."""
+    group = EnvGroup.of_seeds(env, seeds)
+    actor = policy_actor(
+        policy,
+        sampling,
+        seed_of=lambda p: derive_seed(seed, EVAL_STEP, group.seeds[p.episode], p.turn),
+        context_of=lambda p: _with_skill(p.context, skill_of.get(group.seeds[p.episode])),
+    )
+    return play_episodes(
+        group, actor, history_window=sampling.history_window, image_settings=policy.image_settings
+    )
+
+
+@torch.no_grad()
+def move_token_gaps(
+    policy: Policy, episodes: list[Trajectory], skills: dict[int, str], temperature: float
+) -> list[float]:
+    """`l_skill - l_old` of every move token (inside `<action>`) the policy sampled in `episodes`."""
+    turns = [(turn, skills[e.seed]) for e in episodes for turn in e.turns if turn.response_ids]
+    if not turns:
+        return []
+    responses = [turn.response_ids for turn, _ in turns]
+    contexts = [turn.context for turn, _ in turns] + [insert_skill(turn.context, skill) for turn, skill in turns]
+    scored = policy.score(contexts, responses + responses, return_entropy=False, temperature=temperature).logprobs
+    gaps = []
+    for k, (turn, _) in enumerate(turns):
+        moves = move_token_mask(turn.response_ids, policy.tokenizer.decode)
+        gaps += (scored[len(turns) + k] - scored[k])[torch.tensor(moves)].tolist()
+    return gaps
+
+
+def move_token_mask(token_ids: list[int], decode: Callable[[list[int]], str]) -> list[bool]:
+    """Which tokens of a response overlap the text between `<action>` and `</action>`."""
+    text = decode(token_ids)
+    start = text.find("<action>")
+    if start < 0:
+        return [False] * len(token_ids)
+    start += len("<action>")
+    end = text.find("</action>", start)
+    end = len(text) if end < 0 else end
+    mask, previous = [], 0
+    for k in range(1, len(token_ids) + 1):
+        offset = len(decode(token_ids[:k]))
+        mask.append(previous < end and offset > start)
+        previous = offset
+    return mask
+
+
+def _with_skill(context, skill: str | None):
+    return context if skill is None else insert_skill(context, skill)
