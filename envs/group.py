@@ -67,11 +67,14 @@ class EnvGroup:
     def of_seeds(cls, env_config: EnvConfig, seeds: Iterable[int]) -> EnvGroup:
         """One episode per seed, each its own group: scripted play outside the train/eval schedule."""
         seeds = list(seeds)
+        indices = list(range(len(seeds)))
         group = cls.__new__(cls)
-        group._setup(env_config, seeds=seeds, group_ids=list(range(len(seeds))), episode_ids=list(range(len(seeds))))
+        group._setup(env_config, seeds=seeds, group_ids=indices, episode_ids=indices)
         return group
 
-    def _setup(self, env_config: EnvConfig, *, seeds: list[int], group_ids: list[int], episode_ids: list[int]) -> None:
+    def _setup(
+        self, env_config: EnvConfig, *, seeds: list[int], group_ids: list[int], episode_ids: list[int]
+    ) -> None:
         self.env_name = env_config.name
         self.seeds, self.group_ids, self.episode_ids = seeds, group_ids, episode_ids
         self.envs = [make_env(env_config) for _ in seeds]

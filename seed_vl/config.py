@@ -112,7 +112,7 @@ class AnalyzerConfig(Section):
 class AlgorithmConfig(Section):
     preset: Literal["grpo", "opsd", "sdar", "seed"] = "seed"
     opd_coef: float = Field(0.01, ge=0.0)  # lambda
-    pg_coef: float = Field(1.0, ge=0.0)  # weight of the GRPO policy-gradient term; 0: distillation alone (a diagnostic)
+    pg_coef: float = Field(1.0, ge=0.0)  # policy-gradient weight; 0: the distillation term alone (diagnostic)
     gate_beta: float = Field(5.0, ge=0.0)
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
     dual_clip: float = Field(3.0, gt=1.0)
@@ -191,7 +191,7 @@ class WarmstartConfig(Section):
     # solver episodes per environment, or per environment name (EZPoints episodes are short and its cards
     # must be learnt from pixels: it needs more of them than Sokoban)
     demonstrations: int | dict[str, int] = 120
-    demo_skill_fraction: float = Field(0.5, ge=0.0, le=1.0)  # share of demo episodes: a varied plan, its skill shown
+    demo_skill_fraction: float = Field(0.5, ge=0.0, le=1.0)  # share of demo episodes: varied plan + its skill
     analyzer_episodes: int = Field(96, ge=0)  # labelled episodes per environment: half solver, half random
     train_vision_tower: bool = True  # pretraining teaches the tower to see; RL keeps it frozen by default
     epochs: int = Field(2, ge=1)  # stopped early on purpose (see warmstart.json for the base success rates)

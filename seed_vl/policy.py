@@ -86,9 +86,8 @@ class _EncodedBatch:
 
     def pixels(self, key: str, processor: Any) -> torch.Tensor:
         if key not in self.fresh_pixels:
-            self.fresh_pixels[key] = processor.image_processor(images=[self.images[key]], return_tensors="pt")[
-                "pixel_values"
-            ]
+            output = processor.image_processor(images=[self.images[key]], return_tensors="pt")
+            self.fresh_pixels[key] = output["pixel_values"]
         return self.fresh_pixels[key]
 
 
@@ -494,7 +493,7 @@ class Policy:
         batch = self._encode_prompts(contexts, responses)
         longest = max(len(r) for r in responses)
         inputs = self._model_inputs(batch, with_grad=with_grad)
-        if not batch.image_keys:  # text positions must skip the left padding (with images, M-RoPE's own index does)
+        if not batch.image_keys:  # positions skip the left padding (with images, M-RoPE's own index does)
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
         with self.autocast():
             output = self._forward_module(**inputs, use_cache=False, logits_to_keep=longest + 1)
@@ -584,7 +583,8 @@ class Policy:
             return inputs
         if not self.cache.enabled:
             self.cache.count_uncached(len(keys))
-            inputs["pixel_values"] = torch.cat([batch.pixels(k, self._processor) for k in keys]).to(self.device)
+            pixels = [batch.pixels(key, self._processor) for key in keys]
+            inputs["pixel_values"] = torch.cat(pixels).to(self.device)
             return inputs
         grids = inputs["image_grid_thw"]
         tower_grad = with_grad and self.vision_tower_trainable  # the student pass through a trainable tower

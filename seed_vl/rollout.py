@@ -136,14 +136,19 @@ def play_episodes(
     while live:
         prompts = [
             Prompt(
-                i, turn, build_messages(env_name, observations[i], infos[i], histories[i], history_window, image_settings),
-                infos[i],
+                episode=i,
+                turn=turn,
+                context=build_messages(
+                    env_name, observations[i], infos[i], histories[i], history_window, image_settings
+                ),
+                info=infos[i],
             )
             for i in live
         ]
         generations = actor(prompts)
         actions = {
-            i: parse_action(gen.text, infos[i].get("admissible_actions")) for i, gen in zip(live, generations, strict=True)
+            i: parse_action(gen.text, infos[i].get("admissible_actions"))
+            for i, gen in zip(live, generations, strict=True)
         }
         results = group.step({i: action for i, (action, _) in actions.items()})
         still_live = []
@@ -165,7 +170,9 @@ def play_episodes(
                 )
             )
             histories[i].append(
-                HistoryTurn(observation=observations[i], response=gen.text, action=action, valid=valid, reward=reward)
+                HistoryTurn(
+                    observation=observations[i], response=gen.text, action=action, valid=valid, reward=reward
+                )
             )
             observations[i], infos[i] = obs, info
             if terminated or truncated:

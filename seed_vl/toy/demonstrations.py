@@ -85,7 +85,8 @@ def play_demonstrations(
     episodes = _play_in_batches(env_config, list(plans), solver, history_window, image_settings)
     for episode in episodes:
         if not episode.won:  # a solver plan that does not win is a bug in the solver or the game
-            raise RuntimeError(f"{env.name}: the solver's plan {plans[episode.seed]} did not win seed {episode.seed}")
+            plan = plans[episode.seed]
+            raise RuntimeError(f"{env.name}: the solver's plan {plan} did not win seed {episode.seed}")
         hindsight = env.hindsight(episode.seed, episode.actions, rng)
         episode.summary, episode.skill = hindsight["episode_summary"], hindsight["episode_skill"]
         episode.analyzer_status = "ok"

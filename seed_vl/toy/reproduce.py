@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -308,7 +309,8 @@ def write_results(
             lines.append(f"| {t} | {m} | " + " | ".join("—" if math.isnan(v) else f"{v:.3f}" for v in values) + " |")
     lines += ["", "## Learning curves", ""]
     for t in tasks:
-        lines.append(f"![{t}](figures/reproduce_{t.lower()}.png)")
+        figure = os.path.relpath(Path(cfg.figures_dir) / f"reproduce_{t.lower()}.png", out.parent)
+        lines.append(f"![{t}]({Path(figure).as_posix()})")
     lines += ["", "## Findings", "", "<!-- findings -->", ""]
     previous = out.read_text() if out.is_file() else ""
     findings = previous.split("<!-- findings -->", 1)[1].strip() if "<!-- findings -->" in previous else ""

@@ -11,6 +11,7 @@ one, and its gap is positive where the skill names the move it took.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Callable
@@ -28,7 +29,6 @@ from seed_vl.skills import insert_skill
 from seed_vl.toy.demonstrations import solver_plan
 from seed_vl.trajectory import Trajectory
 
-CONDITIONS = ("none", "correct", "wrong")
 _PROBE_STREAM = 0x5C11
 
 
@@ -39,20 +39,16 @@ def measure_skill_following(policy: Policy, config: Config, env: EnvConfig, num_
     skills = correct_skills(env, seeds)
     wrong = {seed: skills[seeds[(k + 1) % len(seeds)]] for k, seed in enumerate(seeds)}
     metrics, played = {}, {}
-    for condition, skill_of in (("none", {}), ("correct", skills), ("wrong", wrong)):
+    for condition, skill_of in {"none": {}, "correct": skills, "wrong": wrong}.items():
         episodes = play_with_skills(policy, env, seeds, skill_of, sampling, seed=config.warmstart.seed)
         metrics[f"success/{condition}"] = statistics.fmean(e.won for e in episodes)
         played[condition] = episodes
     for outcome in ("won", "lost"):
-        gaps = move_token_gaps(
-            policy,
-            [e for e in played["none"] if e.won == (outcome == "won")],
-            skills,
-            temperature=sampling.temperature,
-        )
-        metrics[f"gap/{outcome}"] = statistics.fmean(gaps) if gaps else float("nan")
-        gates = opd_gate(torch.zeros(len(gaps)), torch.tensor(gaps), config.algorithm.gate_beta) if gaps else None
-        metrics[f"gate/{outcome}"] = float(gates.mean()) if gates is not None else float("nan")
+        episodes = [e for e in played["none"] if e.won == (outcome == "won")]
+        gaps = torch.tensor(move_token_gaps(policy, episodes, skills, temperature=sampling.temperature))
+        gates = opd_gate(torch.zeros_like(gaps), gaps, config.algorithm.gate_beta)
+        metrics[f"gap/{outcome}"] = gaps.mean().item() if len(gaps) else math.nan
+        metrics[f"gate/{outcome}"] = gates.mean().item() if len(gaps) else math.nan
         metrics[f"move_tokens/{outcome}"] = len(gaps)
     return metrics
 
