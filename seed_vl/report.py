@@ -362,7 +362,7 @@ def gate_statistics(run_dir: str | Path, beta: float) -> dict[str, dict[str, flo
             for turn in record["turns"]:
                 if turn.get("gates") is None:
                     continue
-                for is_move, gate in zip(_move_token_mask(turn), turn["gates"], strict=True):
+                for is_move, gate in zip(move_token_mask(_response_tokens(turn)), turn["gates"], strict=True):
                     groups["move" if is_move else "other"].append(gate)
                     if is_move:
                         groups[f"move, {outcome}"].append(gate)
@@ -379,9 +379,9 @@ def gate_statistics(run_dir: str | Path, beta: float) -> dict[str, dict[str, flo
     }
 
 
-def _move_token_mask(turn: dict[str, Any]) -> list[bool]:
-    """Which response tokens overlap the text of the action (decoded tokens concatenate to the response)."""
-    tokens = _response_tokens(turn)
+def move_token_mask(tokens: list[str]) -> list[bool]:
+    """Which of a response's decoded tokens (they concatenate to the response) overlap the text of its
+    action, inside `<action>...</action>`."""
     match = ACTION_SPAN.search("".join(tokens))
     if match is None:
         return [False] * len(tokens)

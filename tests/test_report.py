@@ -22,8 +22,8 @@ from seed_vl.envs.sokoban import solve
 from seed_vl.processors.messages import HistoryTurn, build_messages
 from seed_vl.processors.parsing import parse_action
 from seed_vl.report import (
-    _move_token_mask,
     gate_statistics,
+    move_token_mask,
     read_trajectories,
     trajectory_steps,
     write_report,
@@ -301,7 +301,7 @@ def test_gate_statistics_split_move_tokens_from_the_rest(visual_run):
             for turn in record["turns"]:
                 if turn["gates"] is None:
                     continue
-                mask = _move_token_mask(turn)
+                mask = move_token_mask(turn["response_tokens"])
                 moved = "".join(t for t, m in zip(turn["response_tokens"], mask, strict=True) if m)
                 if turn["action"] is not None:  # a parsed action: the move tokens spell it, and little more
                     assert turn["action"] in moved.lower() and len(moved) < len(turn["action"]) + 4
@@ -314,3 +314,10 @@ def test_gate_statistics_split_move_tokens_from_the_rest(visual_run):
     assert stats["move"]["gate_mean"] == pytest.approx(np.mean(move))
     assert stats["other"]["open_frac"] == pytest.approx(np.mean(np.array(other) > 0.5))
     assert stats["move"]["gap_nats"] == pytest.approx(np.mean(np.log(np.array(move) / (1 - np.array(move)))) / beta, rel=1e-3)
+
+
+def test_move_tokens_are_the_ones_inside_the_action_tags():
+    tokens = ["<think>", "go", " up", "</think>", "<action>", "le", "ft", "</action>"]
+    assert move_token_mask(tokens) == [False] * 5 + [True, True, False]
+    assert move_token_mask(["<think>", "x", "</think>"]) == [False] * 3  # no action: no move token
+    assert move_token_mask(["<think>x</think><action>up", "</action>"]) == [True, False]  # a straddling token

@@ -1,4 +1,4 @@
-"""The skill-following probe: move tokens located by hand, correct skills from the solver, one real run."""
+"""The skill-following probe: correct skills from the solver, one real run on the tiny model."""
 
 from __future__ import annotations
 
@@ -8,20 +8,7 @@ from seed_vl.config import EnvConfig, load_config
 from seed_vl.envs import sokoban
 from seed_vl.envs.base import run_length
 from seed_vl.policy import Policy
-from seed_vl.toy.skill_probe import correct_skills, measure_skill_following, move_token_mask
-
-
-def test_move_tokens_are_the_ones_inside_the_action_tags():
-    pieces = ["<think>", "go", " up", "</think>", "<action>", "le", "ft", "</action>"]
-    ids = list(range(len(pieces)))
-
-    def decode(tokens: list[int]) -> str:
-        return "".join(pieces[t] for t in tokens)
-
-    assert move_token_mask(ids, decode) == [False] * 5 + [True, True, False]
-    assert move_token_mask([0, 1, 2], decode) == [False] * 3  # no action: no move token
-    joined = ["<think>x</think><action>up", "</action>"]  # a token straddling the opening tag counts
-    assert move_token_mask([0, 1], lambda t: "".join(joined[i] for i in t)) == [True, False]
+from seed_vl.toy.skill_probe import correct_skills, measure_skill_following
 
 
 def test_correct_skills_name_the_solver_route_of_their_own_task():

@@ -14,6 +14,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,6 +213,14 @@ def _method_table_header(tasks: list[str]) -> list[str]:
     return ["| Method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
 
 
+def _success_rows(methods, tasks, by, statistic: Callable[[RunResult], float]) -> list[str]:
+    """One table row per method: `statistic` of each run, mean ± std over seeds, per task."""
+    return [
+        f"| {_method_name(m)} | " + " | ".join(_mean_std([statistic(r) for r in by[(t, m)]]) for t in tasks) + " |"
+        for m in methods
+    ]
+
+
 def _method_name(method: str) -> str:
     return METHODS[method][0]
 
@@ -243,18 +252,14 @@ def write_results(
         "",
         *_method_table_header(tasks),
     ]
-    for m in methods:
-        cells = [_mean_std([r.final("eval/success_rate") for r in by[(t, m)]]) for t in tasks]
-        lines.append(f"| {_method_name(m)} | " + " | ".join(cells) + " |")
+    lines += _success_rows(methods, tasks, by, lambda r: r.final("eval/success_rate"))
     lines += [
         "",
         "Mean over each run's evaluations after step 0 (less noisy than the final one alone):",
         "",
         *_method_table_header(tasks),
     ]
-    for m in methods:
-        cells = [_mean_std([r.mean_after_start("eval/success_rate") for r in by[(t, m)]]) for t in tasks]
-        lines.append(f"| {_method_name(m)} | " + " | ".join(cells) + " |")
+    lines += _success_rows(methods, tasks, by, lambda r: r.mean_after_start("eval/success_rate"))
     base = {t: [r.records[0].get("eval/success_rate", math.nan) for r in results if r.task == t] for t in tasks}
     lines += ["", "Base policy (step-0 evaluation, before RL): " + ", ".join(
         f"{t} {_mean_std(base[t])}" for t in tasks

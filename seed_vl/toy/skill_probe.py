@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable
 
 import torch
 
@@ -24,6 +23,7 @@ from seed_vl.envs.registry import make_env
 from seed_vl.evaluation import EVAL_STEP
 from seed_vl.losses import opd_gate
 from seed_vl.policy import Policy
+from seed_vl.report import move_token_mask
 from seed_vl.rollout import SamplingSettings, derive_seed, play_episodes, policy_actor
 from seed_vl.skills import insert_skill
 from seed_vl.toy.demonstrations import solver_plan
@@ -97,26 +97,9 @@ def move_token_gaps(
     scored = policy.score(contexts, responses + responses, return_entropy=False, temperature=temperature).logprobs
     gaps = []
     for k, (turn, _) in enumerate(turns):
-        moves = move_token_mask(turn.response_ids, policy.tokenizer.decode)
+        moves = move_token_mask([policy.tokenizer.decode([t]) for t in turn.response_ids])
         gaps += (scored[len(turns) + k] - scored[k])[torch.tensor(moves)].tolist()
     return gaps
-
-
-def move_token_mask(token_ids: list[int], decode: Callable[[list[int]], str]) -> list[bool]:
-    """Which tokens of a response overlap the text between `<action>` and `</action>`."""
-    text = decode(token_ids)
-    start = text.find("<action>")
-    if start < 0:
-        return [False] * len(token_ids)
-    start += len("<action>")
-    end = text.find("</action>", start)
-    end = len(text) if end < 0 else end
-    mask, previous = [], 0
-    for k in range(1, len(token_ids) + 1):
-        offset = len(decode(token_ids[:k]))
-        mask.append(previous < end and offset > start)
-        previous = offset
-    return mask
 
 
 def _with_skill(context, skill: str | None):
