@@ -59,6 +59,11 @@ class Env(ABC):
         and solver, and name what worked (success) or the concrete mistake (failure)."""
         raise NotImplementedError(f"environment '{self.name}' has no scripted hindsight analyzer")
 
+    def hindsight_facts(self, seed: int, actions: Sequence[str | None]) -> list[str]:
+        """What a correct skill for this episode states, quoted as the scripted analyzer quotes it (the
+        winning order, a correct solution): a written skill agrees with the scripted one when it holds any."""
+        raise NotImplementedError(f"environment '{self.name}' has no scripted hindsight analyzer")
+
 
 class EpisodeOver(RuntimeError):
     """`step` was called on a finished episode (or before `reset`)."""

@@ -204,6 +204,18 @@ class EZPointsEnv(Env):
                 break
         return ezpoints_hindsight(self.cards, self.formula, trace, rng)
 
+    def hindsight_facts(self, seed: int, actions: Sequence[str | None]) -> list[str]:
+        self.reset(seed)
+        won = False
+        for action in actions:
+            _, _, terminated, truncated, info = self.step(action)
+            won = info["won"]
+            if terminated or truncated:
+                break
+        if won:
+            return [show_formula(self.formula)]
+        return [" ".join(formula) for formula in solve(self.values)]
+
 
 # -------------------------------------------------------------------------------------- scripted analyzer
 _SUCCESS = (

@@ -358,6 +358,19 @@ class SokobanEnv(Env):
                 break
         return sokoban_hindsight(start, trace, rng)
 
+    def hindsight_facts(self, seed: int, actions: Sequence[str | None]) -> list[str]:
+        self.reset(seed)
+        start, moves = self.state, []
+        for action in actions:
+            _, _, terminated, truncated, info = self.step(action)
+            moves += [action] if info["action_valid"] else []
+            if terminated or truncated:
+                break
+        if self.state.solved:
+            return [run_length(moves)]
+        plan = solve(start)
+        return [] if plan is None else [run_length(plan)]
+
 
 # -------------------------------------------------------------------------------------- scripted analyzer
 @dataclass(frozen=True)

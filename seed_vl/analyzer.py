@@ -37,7 +37,7 @@ from seed_vl.envs.hindsight import scripted_hindsight
 from seed_vl.policy import Policy
 from seed_vl.processors.prompts import TASK_PREFIX, one_line
 from seed_vl.rollout import derive_seed
-from seed_vl.trajectory import Trajectory
+from seed_vl.trajectory import Trajectory, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -70,19 +70,22 @@ class AnalysisResult:
 def build_analyzer_prompt(trajectory: Trajectory, *, with_images: bool, max_steps: int) -> Messages:
     """The analyzer's chat messages (DESIGN §1 stage 2 step 2), also stage 1's SFT prompt.
 
-    Success is the environment's `won` flag. Per step: observation text, its frame(s) as image items
-    (`with_images`, for vision models) or an `<image>` placeholder, the response and whether its action
-    was valid; only the last `max_steps` steps, to bound the prompt.
+    Success is the environment's `won` flag. Each of the last `max_steps` steps in full: observation text,
+    its frame(s) as image items (`with_images`, for vision models) or an `<image>` placeholder, the response
+    and whether its action was valid. Earlier steps, one line each with the action taken: the prompt stays
+    bounded, and a workflow skill can still name the whole winning order.
     """
     shown = trajectory.turns[-max_steps:]
+    earlier = trajectory.turns[: len(trajectory.turns) - len(shown)]
     content: list[dict[str, Any]] = []
     lines = [
         "You are reviewing a finished episode of an agent to write one hindsight skill for it.",
         f"{TASK_PREFIX} {one_line(trajectory.task)}",
         f"Outcome: {'success' if trajectory.won else 'failure'} (return {trajectory.episode_return:.2f})",
-        f"Steps: the last {len(shown)} of {trajectory.length}.",
+        f"Steps: the last {len(shown)} of {trajectory.length} in full.",
     ]
-    first_step = trajectory.length - len(shown) + 1
+    lines += [f"Step {number}: {_action_line(turn)}" for number, turn in enumerate(earlier, start=1)]
+    first_step = len(earlier) + 1
     for number, turn in enumerate(shown, start=first_step):
         lines += [f"Step {number}:", f"Observation: {turn.observation_text}"]
         for image in turn.images:
@@ -102,6 +105,12 @@ def build_analyzer_prompt(trajectory: Trajectory, *, with_images: bool, max_step
         return [{"role": "user", "content": "\n".join(lines)}]
     content.append({"type": "text", "text": "\n".join(lines)})
     return [{"role": "user", "content": content}]
+
+
+def _action_line(turn: Turn) -> str:
+    if turn.action is None:
+        return "no action (the answer did not parse)"
+    return f"{turn.action}" if turn.action_valid else f"{turn.action} (invalid)"
 
 
 def format_analysis(summary: str, skill: str) -> str:

@@ -289,7 +289,9 @@ def test_prompt_shows_task_outcome_and_last_steps():
     text = message["content"]  # no image items: plain text
     assert "Task: push the box" in text and "Outcome: failure" in text
     assert "avoidance rule" in text and "workflow" not in text
-    assert "Step 1:" not in text and "Step 3:" in text and "Step 5:" in text
+    assert "Step 3:\n" in text and "Step 5:\n" in text and "Step 1:\n" not in text
+    # Steps before the last three: one line each, the action taken (step 1's answer did not parse)
+    assert "Step 1: no action (the answer did not parse)\nStep 2: up\nStep 3:\n" in text
     assert text.count(IMAGE_PLACEHOLDER) == 3
     assert text.count("Action valid: yes") == 3  # steps 3-5 were valid, step 1 (not shown) was not
     assert '"episode_summary"' in text and '"episode_skill"' in text

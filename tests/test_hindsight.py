@@ -142,3 +142,20 @@ def test_dispatcher_rejects_a_trajectory_of_another_environment():
     traj = played(EZPOINTS, 0, ["="])
     with pytest.raises(ValueError, match="ezpoints_visual"):
         scripted_hindsight(traj, random.Random(0), SOKOBAN)
+
+
+def test_hindsight_facts_are_what_a_correct_skill_quotes():
+    """Sokoban: the winning order when won, else the shortest solution; EZPoints: the winning formula, else
+    every correct one. The scripted skill quotes one of them, in every phrasing."""
+    sokoban = make_env(SOKOBAN)
+    plan = solve(start_state(2))
+    assert len(plan) == 8 and sokoban.hindsight_facts(2, plan) == [run_length(plan)]
+    assert sokoban.hindsight_facts(2, plan[:-1]) == [run_length(plan)]  # one move short: lost, the solution
+    ezpoints = make_env(EZPOINTS)
+    seed = ezpoints_seed((3, 4))
+    assert ezpoints.hindsight_facts(seed, ["3", "*", "4", "="]) == ["3 * 4"]
+    assert ezpoints.hindsight_facts(seed, ["3", "+", "4", "="]) == ["3 * 4", "4 * 3"]
+    for env, actions in [(SOKOBAN, plan), (SOKOBAN, plan[:-1]), (EZPOINTS, ["3", "+", "4", "="])]:
+        seed_of = 2 if env is SOKOBAN else seed
+        skill = analyze(played(env, seed_of, actions), env)["episode_skill"]
+        assert any(fact in skill for fact in make_env(env).hindsight_facts(seed_of, actions))

@@ -104,3 +104,20 @@ def move_token_gaps(
 
 def _with_skill(context, skill: str | None):
     return context if skill is None else insert_skill(context, skill)
+
+
+def analyzer_agreement(env: EnvConfig, trajectories: list[Trajectory]) -> dict[str, float]:
+    """Of the analyzed `trajectories`, the share with a usable skill (`valid`) and the share whose skill
+    states what the scripted analyzer's would (`agree`: the winning order or a correct solution, see
+    `Env.hindsight_facts`), also over won episodes alone (`agree_won`; nan without any)."""
+    game = make_env(env)
+    agrees = [
+        t.skill is not None and any(fact in t.skill for fact in game.hindsight_facts(t.seed, t.actions))
+        for t in trajectories
+    ]
+    won = [agree for agree, t in zip(agrees, trajectories, strict=True) if t.won]
+    return {
+        "valid": statistics.fmean(t.skill is not None for t in trajectories),
+        "agree": statistics.fmean(agrees),
+        "agree_won": statistics.fmean(won) if won else math.nan,
+    }

@@ -50,7 +50,7 @@ from seed_vl.processors.images import ImageSettings
 from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed
 from seed_vl.sft import SFTExample, SFTSettings, train_sft
 from seed_vl.toy.demonstrations import demonstration_examples, play_demonstrations, play_random_episodes
-from seed_vl.toy.skill_probe import measure_skill_following
+from seed_vl.toy.skill_probe import analyzer_agreement, measure_skill_following
 from seed_vl.toy.tiny_model import build_tiny_model
 from seed_vl.tracking import Phase
 
@@ -248,7 +248,8 @@ def analyzer_examples(
 # --------------------------------------------------------------------------------------------- evaluation
 def measure_base_policy(policy: Policy, config: Config, env: EnvConfig) -> dict[str, float]:
     """Success rate and friends on the held-out tasks the trainer's evaluation plays (same seeds and
-    sampling), how often the self-analyzer writes a usable skill for those episodes, and whether the
+    sampling), how often the self-analyzer writes a usable skill for those episodes and one that agrees with
+    the scripted analyzer's, and whether the
     policy follows a skill (`skill_probe`: success with no, the correct and a wrong skill; gap and gate)."""
     group = EnvGroup(env, num_tasks=config.eval.num_tasks, group_size=1, split="eval")
     sampling = SamplingSettings.from_config(config.rollout, temperature=config.eval.temperature)
@@ -259,7 +260,7 @@ def measure_base_policy(policy: Policy, config: Config, env: EnvConfig) -> dict[
     analyzer = config.analyzer.model_copy(update={"backend": "self"})
     make_analyzer(analyzer, env, policy=policy, seed=config.warmstart.seed).analyze(trajectories)
     metrics = {key.removeprefix("eval/"): s / n for key, (s, n) in episode_stats(trajectories, "eval").items()}
-    metrics["analyzer_valid_rate"] = sum(t.skill is not None for t in trajectories) / len(trajectories)
+    metrics.update({f"analyzer/{key}": value for key, value in analyzer_agreement(env, trajectories).items()})
     following = measure_skill_following(policy, config, env, num_tasks=config.eval.num_tasks)
     metrics.update({f"skills/{key}": value for key, value in following.items()})
     return metrics
