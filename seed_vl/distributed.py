@@ -83,7 +83,9 @@ class Runtime:
         params = [p for p in policy.model.parameters() if p.requires_grad]
         if not params:
             raise ConfigError("model: nothing to train (every parameter is frozen)")
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        # foreach: one kernel per op over all tensors. PyTorch picks it by default on GPU only; on the CPU
+        # the per-tensor loop made each AdamW step of the tiny model ~25x slower (benchmarks/bench_step.py).
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True)
         warmup = max(1, warmup_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
         model = policy.model
