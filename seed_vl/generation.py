@@ -308,12 +308,8 @@ class VLLMBackend(GenerationBackend):
 
     def _push(self, engine: Any) -> None:
         dtype = self.policy.compute_dtype
-        with self.policy.checkpoint_weights() as weights:
-
-            def load(model: Any) -> Any:
-                return model.load_weights((name, tensor.to(dtype)) for name, tensor in weights)
-
-            engine.apply_model(load)
+        weights = ((name, tensor.to(dtype)) for name, tensor in self.policy.checkpoint_weights())
+        engine.apply_model(lambda model: model.load_weights(weights))  # in process: one worker, no pickling
         self._stale = False
         self.pushes += 1
 

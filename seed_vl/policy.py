@@ -50,6 +50,7 @@ from seed_vl.generation import (
     GenerationRequest,
     HFBackend,
     Sampling,
+    import_vllm,
     make_backend,
 )
 from seed_vl.processors.images import ImageSettings
@@ -231,6 +232,8 @@ class Policy:
         """`from_pretrained` with a recipe's `model` section (`path` overrides `config.path`), sampling
         through the backend the recipe's `generation` section names (default: hf)."""
         path = config.path if path is None else path
+        if generation is not None and generation.backend == "vllm":
+            import_vllm()  # a missing extra fails before minutes of model loading
         policy = cls.from_pretrained(
             path,
             dtype=config.dtype,
@@ -423,21 +426,27 @@ class Policy:
             text, token_ids = self._tokenizer.decode(ids), ids + stop_token
         return Generation(text, token_ids, None if logprobs is None else list(logprobs[: len(token_ids)]))
 
-    @contextmanager
-    def checkpoint_weights(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Every weight under its `save_pretrained` name, as full tensors (FSDP2 shards gathered): what an
-        inference engine loads. Under LoRA the adapters are merged into the base weights while the context
-        is open (and unmerged after), and the names are the base model's."""
-        model = self._model
-        merged = self.has_adapters
-        if merged:
-            model.merge_adapter()
+    def checkpoint_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight under its `save_pretrained` name, as full tensors (FSDP2 shards gathered; inside
+        `Runtime.full_weights` they are the gathered ones, valid until it reshards), one at a time: what an
+        inference engine loads. Under LoRA the names are the base model's and each adapted weight comes with
+        its adapters' delta added, out of place: merging into the frozen base weights and unmerging after
+        would not restore them exactly (bf16 rounding), and the error would build up step after step."""
+        model, deltas = self._model, {}
+        if self.has_adapters:
             model = model.get_base_model()
-        try:
-            yield _checkpoint_named_weights(model)
-        finally:
-            if merged:
-                self._model.unmerge_adapter()
+            deltas = {
+                f"{name}.base_layer.weight": module
+                for name, module in model.named_modules()
+                if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")
+            }
+        for name, parameter_name, tensor in _checkpoint_named_weights(model):
+            layer = deltas.get(parameter_name)
+            if layer is not None:
+                with torch.no_grad():
+                    adapters = [a for a in layer.active_adapters if a in layer.lora_A and not layer.disable_adapters]
+                    tensor = sum((layer.get_delta_weight(a) for a in adapters), tensor.float())
+            yield name, _full_tensor(tensor)
 
     # ----------------------------------------------------------------------------------------------
     # scoring
@@ -688,11 +697,12 @@ def _tied_names(model: torch.nn.Module) -> set[str]:
     }
 
 
-def _checkpoint_named_weights(model: PreTrainedModel) -> list[tuple[str, torch.Tensor]]:
-    """`model`'s weights as `save_pretrained` names them: tied aliases dropped, transformers' load-time
-    renamings reverted (e.g. Qwen-VL's `model.language_model.*` back to the checkpoint's `model.*`), PEFT's
-    `base_layer` level and adapter tensors removed. Read through parameters, not `state_dict()`, which under
-    FSDP2 would reshard gathered weights; shards still sharded are gathered here (a collective)."""
+def _checkpoint_named_weights(model: PreTrainedModel) -> list[tuple[str, str | None, torch.Tensor]]:
+    """`model`'s weights as (checkpoint name, parameter name, tensor): the names `save_pretrained` writes
+    (tied aliases dropped, transformers' load-time renamings reverted, e.g. Qwen-VL's
+    `model.language_model.*` back to the checkpoint's `model.*`; PEFT's `base_layer` level and adapter
+    tensors removed). The parameter name is None for a tensor a conversion rebuilt. Read through parameters,
+    not `state_dict()`, which under FSDP2 would reshard gathered weights; sharded ones stay DTensors."""
     from transformers.core_model_loading import revert_weight_conversion
 
     tied = _tied_names(model)
@@ -702,13 +712,13 @@ def _checkpoint_named_weights(model: PreTrainedModel) -> list[tuple[str, torch.T
         for name, buffer in module.named_buffers(recurse=False)
         if buffer is not None and name not in module._non_persistent_buffers_set
     ]
-    state = {
-        name.replace(".base_layer.", "."): tensor
-        for name, tensor in [*model.named_parameters(remove_duplicate=False), *persistent_buffers]
-        if name not in tied and ".lora_" not in name
-    }
-    state = revert_weight_conversion(model, state)
-    return [(name, _full_tensor(tensor.detach())) for name, tensor in state.items()]
+    state, origin = {}, {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *persistent_buffers]:
+        if name not in tied and ".lora_" not in name:
+            plain = name.replace(".base_layer.", ".")
+            state[plain] = tensor.detach()
+            origin[id(state[plain])] = name
+    return [(key, origin.get(id(t)), t) for key, t in revert_weight_conversion(model, state).items()]
 
 
 def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:

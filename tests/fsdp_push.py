@@ -12,8 +12,7 @@ from seed_vl.policy import Policy
 
 runtime = Runtime(cpu=True)
 policy = Policy.from_pretrained(sys.argv[1], device="cpu", trainable=True)
-with policy.checkpoint_weights() as weights:
-    reference = {name: tensor.clone() for name, tensor in weights}
+reference = {name: tensor.clone() for name, tensor in policy.checkpoint_weights()}
 runtime.prepare(policy, lr=1e-3, weight_decay=0.0)
 assert runtime.is_fsdp and runtime.num_processes == 2
 
@@ -25,8 +24,7 @@ def check(weights: list[tuple[str, torch.Tensor]]) -> None:
         assert type(tensor) is torch.Tensor and torch.equal(tensor, reference[name]), name
 
 
-with policy.checkpoint_weights() as weights:
-    check(weights)
-with runtime.full_weights(), policy.checkpoint_weights() as weights:
-    check(weights)
+check(list(policy.checkpoint_weights()))
+with runtime.full_weights():
+    check(list(policy.checkpoint_weights()))
 print(f"full weights pushed on process {runtime.process_index}")

@@ -21,7 +21,14 @@ from safetensors import safe_open
 from test_distributed import _cpu_variant
 from test_trainer import _cli, _metrics, _overrides
 
-from seed_vl.config import AlgorithmConfig, ConfigError, GenerationConfig, LoraConfig, ModelConfig, load_config
+from seed_vl.config import (
+    AlgorithmConfig,
+    ConfigError,
+    GenerationConfig,
+    LoraConfig,
+    ModelConfig,
+    load_config,
+)
 from seed_vl.generation import HFBackend, VLLMBackend, collapse_placeholders
 from seed_vl.losses import policy_loss
 from seed_vl.policy import Policy
@@ -143,7 +150,7 @@ def test_sampler_logprobs_match_the_trainers_scores(text_policy, vl_policy, temp
 def _saved_keys(policy: Policy, out: Path, merged: bool = False) -> dict[str, tuple[int, ...]]:
     (policy.save_merged if merged else policy.save_pretrained)(out)
     with safe_open(str(out / "model.safetensors"), "pt") as f:
-        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
 
 
 def test_weights_are_pushed_once_per_update_by_checkpoint_name_then_caches_reset(tmp_path, tiny_vl_path,
@@ -198,13 +205,13 @@ def test_lora_is_merged_for_the_push_and_unmerged_after(tmp_path, tiny_vl_path, 
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     generation = policy.generate(context, max_new_tokens=6, seeds=[4])[0]
     engine = _engine(policy)
-    (_, shapes), = [e for e in engine.events if e[0] == "load_weights"]
-    assert shapes == _saved_keys(policy, tmp_path / "merged", merged=True)
     for name, param in policy.model.named_parameters():  # unmerged: the trained weights are untouched
         assert torch.equal(param, before[name]), name
     assert not any(getattr(m, "merged", False) for m in policy.model.modules())
     score = policy.score(context, [generation.token_ids], return_entropy=False).logprobs[0]
     assert torch.allclose(torch.tensor(generation.logprobs), score, atol=5e-3)  # the engine runs the adapted model
+    (_, shapes), = [e for e in engine.events if e[0] == "load_weights"]
+    assert shapes == _saved_keys(policy, tmp_path / "merged", merged=True)  # (merge_and_unload: last)
 
 
 def test_fsdp2_pushes_full_tensors(tmp_path, tiny_text_path):
