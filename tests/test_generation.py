@@ -342,3 +342,17 @@ def test_the_fake_engine_has_the_pinned_vllms_signatures(monkeypatch):
     for option in ("enable_sleep_mode", "max_model_len", "limit_mm_per_prompt", "enable_mm_embeds",
                    "logprobs_mode", "enable_prefix_caching", "generation_config", "distributed_executor_backend"):
         assert option in engine_fields, option
+
+
+def test_the_smoke_script_runs_against_the_fake_engine(tiny_vl_path, fake_engine_module, capsys):
+    """scripts/smoke_vllm.py is for a GPU with a real vLLM; here its code paths run on the fake."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    try:
+        smoke = importlib.import_module("smoke_vllm")
+    finally:
+        sys.path.pop(0)
+    status = smoke.main(["--model", tiny_vl_path, "--dtype", "float32", "--batch", "4", "--max-new-tokens", "8",
+                         "--image-size", "56"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert out.count("PASS") == 3 and "tokens/s" in out
