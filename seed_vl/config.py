@@ -121,6 +121,24 @@ class AlgorithmConfig(Section):
     invalid_action_penalty: float = Field(0.1, ge=0.0)
     adv_eps: float = Field(1e-6, gt=0.0)
     skill_bank: str = ""  # SDAR: YAML/JSON file of static skills per task type
+    # Truncated importance sampling against the rollout engine's own log-probs (verl, TRL): each action
+    # token's policy-gradient term is weighted by min(exp(l_old - l_rollout), cap). None: off.
+    rollout_is_cap: float | None = Field(None, gt=0.0)
+
+
+class GenerationConfig(Section):
+    """Which engine samples rollouts, evaluation episodes and the self analyzer's answers. `hf` is
+    transformers' `generate` on the policy's own weights (CPU or GPU); `vllm` is a colocated offline vLLM
+    engine (GPU, the `vllm` extra) that gets the trained weights pushed once per update step."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    # vllm only below
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)  # share of the GPU the engine may take
+    enable_sleep_mode: bool = True  # engine offloads its weights and frees its KV cache while training
+    max_model_len: int | None = Field(None, ge=16)  # None: the model config's context length
+    max_images_per_prompt: int = Field(16, ge=1)  # vLLM's limit_mm_per_prompt for images
+    image_embeds: bool = False  # send our cached image features instead of pixels (frozen tower only)
+    enforce_eager: bool = False  # no CUDA graphs: slower decoding, faster start, less memory
 
 
 class TrainConfig(Section):
@@ -230,6 +248,7 @@ class Config(Section):
     rollout: RolloutConfig = RolloutConfig()
     analyzer: AnalyzerConfig = AnalyzerConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    generation: GenerationConfig = GenerationConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -237,6 +256,14 @@ class Config(Section):
     collect: CollectConfig = CollectConfig()
     sft: SFTConfig = SFTConfig()
     warmstart: WarmstartConfig = WarmstartConfig()
+
+    @model_validator(mode="after")
+    def _embeds_need_a_frozen_tower(self) -> Config:
+        if self.generation.image_embeds and not self.model.freeze_vision_tower:
+            raise ValueError(
+                "generation.image_embeds: cached image features need model.freeze_vision_tower=true"
+            )
+        return self
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (), schema=Config):

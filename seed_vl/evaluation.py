@@ -43,7 +43,9 @@ def evaluate(
 
 def run_evaluation(config) -> dict[str, float]:
     """`seed-vl eval`: evaluate `config.model.path` on `config.eval.num_tasks` held-out tasks."""
-    policy = Policy.from_config(config.model, trainable=False, seed=config.train.seed)
+    policy = Policy.from_config(
+        config.model, trainable=False, seed=config.train.seed, generation=config.generation
+    )
     group = EnvGroup(config.env, num_tasks=config.eval.num_tasks, group_size=1, split="eval")
     sampling = SamplingSettings.from_config(config.rollout, temperature=config.eval.temperature)
     return evaluate(policy, group, sampling, seed=config.train.seed)

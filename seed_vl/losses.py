@@ -91,14 +91,19 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_skill_tokens: float | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Total loss `L = L_grpo + lambda * L_opd` and detached metrics (DESIGN §1 stage 2 step 4); the policy-
     gradient part of `L_grpo` is weighted by `pg_coef` (1, except in the distillation-only diagnostic).
 
     Per-token inputs are `[B, T]`: `logprobs` (student, ordinary context: the only input gradients flow
     through, with `entropy`), `old_logprobs` (l_old), `teacher_logprobs` (l_skill), `ref_logprobs` (l_ref),
-    `entropy` (of the student's distribution); `advantages` and `has_skill` are per sequence `[B]`
-    (`has_skill=None`: every sequence has a skill).
+    `entropy` (of the student's distribution), `rollout_logprobs` (the sampler's own, l_rollout);
+    `advantages` and `has_skill` are per sequence `[B]` (`has_skill=None`: every sequence has a skill).
+
+    Off-policy guard: with `config.rollout_is_cap` set and `rollout_logprobs` given, each token's policy-
+    gradient term is weighted by the truncated importance ratio `min(exp(l_old - l_rollout), cap)` (the
+    sampler, e.g. vLLM, and the trainer disagree slightly on the same weights).
 
     Token-mean normalisers: `num_tokens` is the number of action tokens of the whole mini-batch (PG, KL,
     entropy); `num_skill_tokens` those of its sequences with a skill (OPD). With gradient accumulation the
@@ -122,6 +127,11 @@ def policy_loss(
     pg, ratio, clipped, dual_clipped = ppo_dual_clip(
         logprobs, old_logprobs, adv, config.clip_eps, config.dual_clip
     )
+    is_weight = None
+    if config.rollout_is_cap is not None and rollout_logprobs is not None:
+        rollout = _action_tokens(rollout_logprobs.detach(), mask)
+        is_weight = torch.exp(old_logprobs - rollout).clamp(max=config.rollout_is_cap)
+        pg = pg * is_weight
     pg_loss = _token_mean(pg, mask, num_tokens)
     loss = config.pg_coef * pg_loss
     metrics = {
@@ -130,6 +140,11 @@ def policy_loss(
         "dual_clip_frac": _token_mean(dual_clipped.float(), mask, num_tokens),
         "ratio": _token_mean(ratio, mask, num_tokens),
     }
+    if is_weight is not None:
+        metrics["rollout_is_weight"] = _token_mean(is_weight, mask, num_tokens)
+        metrics["rollout_is_capped_frac"] = _token_mean(
+            (is_weight >= config.rollout_is_cap).float(), mask, num_tokens
+        )
     if ref_logprobs is not None:
         kl = _token_mean(k3_kl(logprobs, _action_tokens(ref_logprobs.detach(), mask)), mask, num_tokens)
         loss = loss + config.kl_coef * kl

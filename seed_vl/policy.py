@@ -39,34 +39,28 @@ from transformers import (
     AutoModelForImageTextToText,
     AutoProcessor,
     AutoTokenizer,
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
     PreTrainedModel,
-    TemperatureLogitsWarper,
-    TopPLogitsWarper,
 )
 from transformers.utils import is_flash_attn_2_available
 
-from seed_vl.config import ConfigError, LoraConfig, ModelConfig
+from seed_vl.config import ConfigError, GenerationConfig, LoraConfig, ModelConfig
+from seed_vl.generation import (
+    Generation,
+    GenerationBackend,
+    GenerationRequest,
+    HFBackend,
+    Sampling,
+    import_vllm,
+    make_backend,
+)
 from seed_vl.processors.images import ImageSettings
-from seed_vl.prompt_cache import PromptCache
+from seed_vl.prompt_cache import EncodedPrompt, PromptCache
 from seed_vl.vision_cache import ImageEncoding, ImageFeatures, VisionCache, image_key
 
 Context = list[dict[str, Any]]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _MIN_TRANSFORMERS = Version("5.18")  # the first Qwen-VL forward with `mm_encoder_outputs` (pyproject.toml)
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
-
-
-@dataclass
-class Generation:
-    """One sampled response. `token_ids` end at the token that completes the first stop string, or at the
-    EOS token (kept: the choice to stop is an action token too, trained as in verl), or at
-    `max_new_tokens`; `text` is their decoding without the EOS."""
-
-    text: str
-    token_ids: list[int]
 
 
 @dataclass
@@ -89,21 +83,6 @@ class _EncodedBatch:
             output = processor.image_processor(images=[self.images[key]], return_tensors="pt")
             self.fresh_pixels[key] = output["pixel_values"]
         return self.fresh_pixels[key]
-
-
-class _PerSampleGumbel(LogitsProcessor):
-    """Exact categorical sampling as argmax(scores + Gumbel noise), with one generator per row, so a
-    row's sample depends only on its own context and seed, never on what else is in the batch."""
-
-    def __init__(self, seeds: Sequence[int], device: torch.device) -> None:
-        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        uniform = torch.stack(
-            [torch.rand(scores.shape[-1], generator=g, device=scores.device) for g in self.generators]
-        )
-        tiny = torch.finfo(uniform.dtype).tiny
-        return scores + -torch.log(-torch.log(uniform.clamp(tiny, 1.0 - 1e-7)))
 
 
 class Policy:
@@ -154,6 +133,8 @@ class Policy:
         unk = tokenizer.unk_token_id
         vision_ids = {tokenizer.convert_tokens_to_ids(t) for t in _VISION_TOKENS} - {None, unk}
         self._vision_token_ids = sorted(vision_ids) if self.is_vision else []
+        # Every sampler of the package goes through `generate` and this backend (`generation.backend`).
+        self.generation_backend: GenerationBackend = HFBackend(self)
 
     @classmethod
     def from_pretrained(
@@ -246,10 +227,15 @@ class Policy:
         adapter_path: str | os.PathLike | None = None,
         vision_cache: VisionCache | None = None,
         seed: int = 0,
+        generation: GenerationConfig | None = None,
     ) -> Policy:
-        """`from_pretrained` with a recipe's `model` section (`path` overrides `config.path`)."""
-        return cls.from_pretrained(
-            config.path if path is None else path,
+        """`from_pretrained` with a recipe's `model` section (`path` overrides `config.path`), sampling
+        through the backend the recipe's `generation` section names (default: hf)."""
+        path = config.path if path is None else path
+        if generation is not None and generation.backend == "vllm":
+            import_vllm()  # a missing extra fails before minutes of model loading
+        policy = cls.from_pretrained(
+            path,
             dtype=config.dtype,
             trainable=trainable,
             device=config.device,
@@ -264,6 +250,8 @@ class Policy:
             vision_cache=vision_cache,
             seed=seed,
         )
+        policy.generation_backend = make_backend(policy, generation, str(path), seed)
+        return policy
 
     @property
     def image_settings(self) -> ImageSettings | None:
@@ -328,8 +316,10 @@ class Policy:
         self._forward_module = module
 
     def on_weights_updated(self) -> None:
-        """Call after every optimizer step or weight load: cached image features are stale."""
+        """Call after every update step or weight load: cached image features are stale, and so are the
+        generation engine's weights (a vLLM engine gets them pushed before it next generates)."""
         self.cache.clear()
+        self.generation_backend.weights_updated()
 
     def save_pretrained(self, out_dir: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Model (safetensors, in the compute dtype) and processor in ordinary Hugging Face format, loadable
@@ -369,37 +359,55 @@ class Policy:
             seeds = torch.randint(0, 2**62, (len(contexts),), generator=self._rng).tolist()
         if len(seeds) != len(contexts):
             raise ValueError(f"seeds: got {len(seeds)} seeds for {len(contexts)} contexts")
-        batch = self._encode_prompts(contexts)
-        inputs = self._model_inputs(batch, with_grad=False)
-        warpers = LogitsProcessorList()
-        if temperature > 0:
-            warpers.append(TemperatureLogitsWarper(temperature))
-            if top_p < 1.0:
-                warpers.append(TopPLogitsWarper(top_p))
-            warpers.append(_PerSampleGumbel(seeds, self.device))
-        config = GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            do_sample=False,  # sampling is the Gumbel warper's argmax, seeded per row
-            num_beams=1,
-            repetition_penalty=1.0,
-            eos_token_id=self._eos_ids,
-            pad_token_id=self._pad_id,
-            suppress_tokens=self._vision_token_ids or None,  # a response never holds image placeholders
-            stop_strings=list(stop_strings) or None,
-        )
-        with self.autocast():
-            # Each process generates on its own, however many turns its episodes take (FSDP2 shards are
-            # gathered beforehand: `Runtime.full_weights`), so transformers must not lock-step processes.
-            output = self._model.generate(
-                **inputs, generation_config=config, logits_processor=warpers, tokenizer=self._tokenizer,
-                synced_gpus=False,
+        sampling = Sampling(max_new_tokens, temperature, top_p, tuple(stop_strings))
+        prompts, images, patches = self._encode_contexts(contexts)
+        requests = [
+            GenerationRequest(
+                prompt=prompt,
+                images=[images[key] for key in prompt.image_keys],
+                sampling=sampling,
+                seed=int(seed),
+                patches={key: patches[key] for key in prompt.image_keys if key in patches},
             )
-        new_tokens = output[:, inputs["input_ids"].shape[1] :].tolist()
-        return [self._finish(ids, stop_strings) for ids in new_tokens]
+            for prompt, seed in zip(prompts, seeds, strict=True)
+        ]
+        return self.generation_backend.generate(requests)
 
-    def _finish(self, ids: list[int], stop_strings: Sequence[str]) -> Generation:
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self._eos_ids)
+
+    @property
+    def pad_token_id(self) -> int:
+        return self._pad_id
+
+    @property
+    def vision_token_ids(self) -> list[int]:
+        """Image and video placeholder tokens: never part of a response."""
+        return list(self._vision_token_ids)
+
+    def generation_inputs(self, requests: Sequence[GenerationRequest]) -> dict[str, Any]:
+        """Model keyword arguments for transformers' `generate` over `requests` (left-padded prompts, image
+        features from the cache)."""
+        images = {k: im for r in requests for k, im in zip(r.image_keys, r.images, strict=True)}
+        patches = {k: p for r in requests for k, p in r.patches.items()}
+        batch = self._batch([r.prompt for r in requests], images, patches)
+        return self._model_inputs(batch, with_grad=False)
+
+    def image_embeddings(self, request: GenerationRequest) -> torch.Tensor:
+        """A request's image features from the cache, concatenated in image order: [tokens, hidden]."""
+        images = dict(zip(request.image_keys, request.images, strict=True))
+        batch = _EncodedBatch({}, list(request.image_keys), images, dict(request.patches))
+        encodings = self._cached_encodings(batch, request.image_grid_thw.to(self.device), with_grad=False)
+        if any(e.deepstack for e in encodings):
+            raise ConfigError("generation.image_embeds: not supported for models with deepstack features (Qwen3-VL)")
+        return torch.cat([e.embeds for e in encodings])
+
+    def cut_response(
+        self, ids: list[int], stop_strings: Sequence[str], logprobs: list[float] | None = None
+    ) -> Generation:
         """Cut a generated row at its first completed stop string or its first EOS, whichever comes first
-        (both included in `token_ids`; the EOS is not part of the text)."""
+        (both included in `token_ids`; the EOS is not part of the text); `logprobs` are cut alike."""
         eos = next((k for k, token in enumerate(ids) if token in self._eos_ids), len(ids))
         stop_token = ids[eos : eos + 1]
         ids = ids[:eos]
@@ -413,8 +421,32 @@ class Policy:
             while low < high:
                 mid = (low + high) // 2
                 low, high = (low, mid) if has_stop(mid) else (mid + 1, high)
-            return Generation(text=self._tokenizer.decode(ids[:low]), token_ids=ids[:low])
-        return Generation(text=self._tokenizer.decode(ids), token_ids=ids + stop_token)
+            text, token_ids = self._tokenizer.decode(ids[:low]), ids[:low]
+        else:
+            text, token_ids = self._tokenizer.decode(ids), ids + stop_token
+        return Generation(text, token_ids, None if logprobs is None else list(logprobs[: len(token_ids)]))
+
+    def checkpoint_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight under its `save_pretrained` name, as full tensors (FSDP2 shards gathered; inside
+        `Runtime.full_weights` they are the gathered ones, valid until it reshards), one at a time: what an
+        inference engine loads. Under LoRA the names are the base model's and each adapted weight comes with
+        its adapters' delta added, out of place: merging into the frozen base weights and unmerging after
+        would not restore them exactly (bf16 rounding), and the error would build up step after step."""
+        model, deltas = self._model, {}
+        if self.has_adapters:
+            model = model.get_base_model()
+            deltas = {
+                f"{name}.base_layer.weight": module
+                for name, module in model.named_modules()
+                if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")
+            }
+        for name, parameter_name, tensor in _checkpoint_named_weights(model):
+            layer = deltas.get(parameter_name)
+            if layer is not None:
+                with torch.no_grad():
+                    adapters = [a for a in layer.active_adapters if a in layer.lora_A and not layer.disable_adapters]
+                    tensor = sum((layer.get_delta_weight(a) for a in adapters), tensor.float())
+            yield name, _full_tensor(tensor)
 
     # ----------------------------------------------------------------------------------------------
     # scoring
@@ -513,6 +545,13 @@ class Policy:
     ) -> _EncodedBatch:
         """Contexts (each followed by its response, if given) as one left-padded batch; each context is
         templated and processed once (`PromptCache`), response tokens are text (modality type 0)."""
+        prompts, images, fresh_pixels = self._encode_contexts(contexts)
+        return self._batch(prompts, images, fresh_pixels, responses)
+
+    def _encode_contexts(
+        self, contexts: Sequence[Context]
+    ) -> tuple[list[EncodedPrompt], dict[str, Image.Image], dict[str, torch.Tensor]]:
+        """Each context's encoding (`PromptCache`), its images by key, and the patches computed now."""
         prompts, images, fresh_pixels = [], {}, {}
         for i, context in enumerate(contexts):
             context_images = self._images_of(i, context)
@@ -523,6 +562,16 @@ class Policy:
             )
             prompts.append(prompt)
             fresh_pixels.update(pixels)
+        return prompts, images, fresh_pixels
+
+    def _batch(
+        self,
+        prompts: list[EncodedPrompt],
+        images: dict[str, Image.Image],
+        fresh_pixels: dict[str, torch.Tensor],
+        responses: Sequence[list[int]] | None = None,
+    ) -> _EncodedBatch:
+        """Encoded prompts (each followed by its response, if given) as one left-padded batch."""
         suffixes = responses if responses is not None else [[] for _ in prompts]
         rows = [p.input_ids + list(r) for p, r in zip(prompts, suffixes, strict=True)]
         width = max(len(row) for row in rows)
@@ -586,7 +635,13 @@ class Policy:
             pixels = [batch.pixels(key, self._processor) for key in keys]
             inputs["pixel_values"] = torch.cat(pixels).to(self.device)
             return inputs
-        grids = inputs["image_grid_thw"]
+        encodings = self._cached_encodings(batch, inputs["image_grid_thw"], with_grad)
+        inputs["mm_encoder_outputs"] = {"image": ImageFeatures.from_encodings(encodings)}
+        return inputs
+
+    def _cached_encodings(self, batch: _EncodedBatch, grids: torch.Tensor, with_grad: bool) -> list[ImageEncoding]:
+        """The features of every image occurrence of `batch`; only cache misses reach the vision tower."""
+        keys = batch.image_keys
         tower_grad = with_grad and self.vision_tower_trainable  # the student pass through a trainable tower
 
         def encode(positions: list[int]) -> list[ImageEncoding]:
@@ -594,9 +649,7 @@ class Policy:
             with torch.set_grad_enabled(tower_grad):
                 return self._encode_images(pixels, grids[positions])
 
-        encodings = self.cache.fetch(keys, encode, store=not tower_grad)
-        inputs["mm_encoder_outputs"] = {"image": ImageFeatures.from_encodings(encodings)}
-        return inputs
+        return self.cache.fetch(keys, encode, store=not tower_grad)
 
     def _encode_images(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> list[ImageEncoding]:
         with self.autocast():
@@ -622,12 +675,7 @@ def _texts_of(context: Context) -> list[str]:
 def _save_in_dtype(model: PreTrainedModel, out_dir: str | os.PathLike, dtype: torch.dtype, state=None) -> None:
     """`save_pretrained` of the model's state (or `state`) cast to `dtype`, with a config.json that names
     `dtype`: what a user's `from_pretrained(dtype="auto")` then gets. Tied weights stay one tensor."""
-    first_name: dict[int, str] = {}
-    tied = {
-        name
-        for name, param in model.named_parameters(remove_duplicate=False)
-        if first_name.setdefault(id(param), name) != name
-    }
+    tied = _tied_names(model)
     state = model.state_dict() if state is None else state
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items() if k not in tied}
     model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
@@ -637,6 +685,44 @@ def _save_in_dtype(model: PreTrainedModel, out_dir: str | os.PathLike, dtype: to
     for section in [config, *(v for v in config.values() if isinstance(v, dict) and "dtype" in v)]:
         section["dtype"] = name
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    """Names of parameters that alias an earlier one (a tied LM head): saved and pushed once."""
+    first_name: dict[int, str] = {}
+    return {
+        name
+        for name, param in model.named_parameters(remove_duplicate=False)
+        if first_name.setdefault(id(param), name) != name
+    }
+
+
+def _checkpoint_named_weights(model: PreTrainedModel) -> list[tuple[str, str | None, torch.Tensor]]:
+    """`model`'s weights as (checkpoint name, parameter name, tensor): the names `save_pretrained` writes
+    (tied aliases dropped, transformers' load-time renamings reverted, e.g. Qwen-VL's
+    `model.language_model.*` back to the checkpoint's `model.*`; PEFT's `base_layer` level and adapter
+    tensors removed). The parameter name is None for a tensor a conversion rebuilt. Read through parameters,
+    not `state_dict()`, which under FSDP2 would reshard gathered weights; sharded ones stay DTensors."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    tied = _tied_names(model)
+    persistent_buffers = [
+        (f"{prefix}.{name}" if prefix else name, buffer)
+        for prefix, module in model.named_modules()
+        for name, buffer in module.named_buffers(recurse=False)
+        if buffer is not None and name not in module._non_persistent_buffers_set
+    ]
+    state, origin = {}, {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *persistent_buffers]:
+        if name not in tied and ".lora_" not in name:
+            plain = name.replace(".base_layer.", ".")
+            state[plain] = tensor.detach()
+            origin[id(state[plain])] = name
+    return [(key, origin.get(id(t)), t) for key, t in revert_weight_conversion(model, state).items()]
+
+
+def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _enable_checkpointing(model: PreTrainedModel) -> None:

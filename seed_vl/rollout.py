@@ -162,6 +162,7 @@ def play_episodes(
                     context=prompt.context,
                     response_text=gen.text,
                     response_ids=list(gen.token_ids),
+                    rollout_logprobs=None if gen.logprobs is None else list(gen.logprobs),
                     action=action,
                     action_valid=valid,
                     reward=float(reward),

@@ -46,7 +46,9 @@ def collect(config: Config) -> Path:
     time (the batch size stage 2 is sized for), label them and write the dataset to `collect.out_dir`
     (replaced as a whole once complete: an interrupted collect leaves no partial dataset behind)."""
     c = config.collect
-    policy = Policy.from_config(config.model, trainable=False, seed=config.train.seed)
+    policy = Policy.from_config(
+        config.model, trainable=False, seed=config.train.seed, generation=config.generation
+    )
     analyzer = make_analyzer(config.analyzer, config.env, policy=policy, seed=config.train.seed)
     r = config.rollout
     sampling = SamplingSettings.from_config(r)

@@ -57,6 +57,14 @@ class ActionSample:
     ref_logprobs: torch.Tensor | None = None
 
     @property
+    def rollout_logprobs(self) -> torch.Tensor | None:
+        """The sampler's log-probs of the response (None when the actor reported none)."""
+        values = self.turn.rollout_logprobs
+        if values is None or self.old_logprobs is None:
+            return None
+        return torch.tensor(values, dtype=self.old_logprobs.dtype, device=self.old_logprobs.device)
+
+    @property
     def context(self) -> list[dict[str, Any]]:
         return self.turn.context
 
@@ -151,6 +159,7 @@ class Trainer:
             trainable=trainable,
             vision_cache=self.policy.cache if shared_cache else None,
             seed=self.config.train.seed,
+            generation=self.config.generation if trainable else None,  # the reference never samples
         )
 
     # ------------------------------------------------------------------------------------------------ loop
@@ -203,11 +212,13 @@ class Trainer:
             bar.update(len(trajectories))
 
         # 3. Paired re-scoring: l_old (ordinary context) and l_skill (skill inserted), l_ref when KL > 0.
+        self.policy.generation_backend.sleep()  # no sampling until the next step: a vLLM engine frees the GPU
         samples = self._action_samples(trajectories)
         with self._phase(step, "scoring", len(samples), "actions") as bar, self.runtime.full_weights():
             self._paired_scores(samples)
             bar.update(len(samples))
         self._record_gates(samples)
+        gap_metrics = self._logprob_gap_metrics(samples)
         if self.is_main:
             save_trajectories(
                 trajectories, self.run_dir / "trajectories" / f"step_{step:06d}", tokenizer=self.policy.tokenizer
@@ -223,6 +234,7 @@ class Trainer:
         metrics = {
             **self._rollout_metrics(trajectories, prefix="train"),
             **loss_metrics,
+            **gap_metrics,
             **cache_metrics,
             **self._timings,
             "env_steps": self.state.counters["env_steps"],
@@ -302,6 +314,20 @@ class Trainer:
                 old, teacher = sample.old_logprobs, sample.teacher_logprobs
                 gate = opd_gate(old, teacher, beta) if self.preset.use_gate else torch.ones_like(old)
                 sample.turn.gates = gate.tolist()
+
+    def _logprob_gap_metrics(self, samples: list[ActionSample]) -> dict[str, float]:
+        """|l_old - l_rollout| over the action tokens whose sampler reported log-probs, mean and max over
+        every process: how far the sampling engine is from the trainer on the same weights."""
+        gaps = [(s.old_logprobs - s.rollout_logprobs).abs() for s in samples if s.rollout_logprobs is not None]
+        gaps = [g for g in gaps if len(g)]
+        total = float(sum(g.sum() for g in gaps)) if gaps else 0.0
+        count = sum(len(g) for g in gaps)
+        largest = max((float(g.max()) for g in gaps), default=0.0)
+        mean = self.runtime.reduce_mean_pairs({"rollout/logprob_gap_mean": (total, count)})
+        largest = self.runtime.reduce_max(largest)
+        if not self.runtime.reduce_sum(count):
+            return {}
+        return {**mean, "rollout/logprob_gap_max": largest}
 
     @contextmanager
     def _phase(self, step: int, name: str, total: int | None, unit: str) -> Iterator[Phase]:
@@ -384,6 +410,12 @@ class Trainer:
                     entropy=pad_sequences(scores.entropies)[0],
                     num_tokens=num_tokens,
                     num_skill_tokens=num_skill_tokens,
+                    # Rows whose sampler reported no log-probs carry l_old: importance weight 1.
+                    rollout_logprobs=pad_sequences(
+                        [s.old_logprobs if s.rollout_logprobs is None else s.rollout_logprobs for s in rows]
+                    )[0]
+                    if cfg.algorithm.rollout_is_cap is not None
+                    else None,
                 )
                 runtime.backward(loss, weight)
             if weight:

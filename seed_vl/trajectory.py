@@ -20,6 +20,9 @@ class Turn:
     reward: float
     observation_text: str = ""  # the observation text shown at this turn (analyzer prompts, reports)
     images: list[Any] = field(default_factory=list)  # this turn's observation frames (PIL; frame ids on disk)
+    # The sampler's log-prob of each response token (None when the actor reports none, e.g. a script): the
+    # trainer compares them with its own l_old (rollout/logprob_gap) and may correct for the gap.
+    rollout_logprobs: list[float] | None = None
     # Filled by the trainer's paired re-scoring (reports): the OPD gate of each response token.
     gates: list[float] | None = None
 
