@@ -106,7 +106,7 @@ class AnalyzerConfig(Section):
     max_retries: int = Field(3, ge=0)
     retry_backoff_s: float = Field(1.0, ge=0.0)  # external: first retry's wait, doubled each retry (+ jitter)
     max_concurrency: int = Field(8, ge=1)
-    max_steps_shown: int = Field(15, ge=1)  # analyzer prompt: the last N steps of a trajectory
+    max_steps_shown: int = Field(15, ge=1)  # analyzer prompt: the last N steps in full, earlier ones as actions
 
 
 class AlgorithmConfig(Section):

@@ -236,11 +236,8 @@ class VLLMBackend(GenerationBackend):
         self._stale = True  # the engine loads the checkpoint on disk; the policy may differ (resume, adapters)
         self._asleep = False
         self.pushes = 0  # weight pushes so far
-        if config.image_embeds and policy.is_vision and policy.vision_tower_trainable:
-            raise ConfigError("generation.image_embeds: cached image features need model.freeze_vision_tower=true")
         tokenizer = policy.tokenizer
         self._image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>") if policy.is_vision else None
-        self._merge = getattr(getattr(policy.processor, "image_processor", None), "merge_size", 2)
         self._bias = {int(t): _SUPPRESSED_BIAS for t in policy.vision_token_ids} or None
 
     @property
