@@ -86,6 +86,12 @@ def run_length(moves: Sequence[str]) -> str:
     return ", ".join(m if n == 1 else f"{m} x{n}" for m, n in runs)
 
 
+def step_route(moves: Sequence[str]) -> str:
+    """'up, left, left' -> 'step 1 up, step 2 left, step 3 left': each move under the number its turn's
+    observation heading shows ("Current observation (step 2)"), so a policy can follow a route step by step."""
+    return ", ".join(f"step {k} {move}" for k, move in enumerate(moves, 1))
+
+
 def step_list(steps: Sequence[int]) -> str:
     """[3] -> 'step 3'; [2, 5, 6, 7] -> 'steps 2 and 5-7'."""
     runs: list[list[int]] = []

@@ -28,8 +28,8 @@ from seed_vl.envs.base import (
     StepResult,
     count,
     phrase,
-    run_length,
     step_list,
+    step_route,
 )
 
 Cell = tuple[int, int]
@@ -367,9 +367,9 @@ class SokobanEnv(Env):
             if terminated or truncated:
                 break
         if self.state.solved:
-            return [run_length(moves)]
+            return [step_route(moves)]
         plan = solve(start)
-        return [] if plan is None else [run_length(plan)]
+        return [] if plan is None else [step_route(plan)]
 
 
 # -------------------------------------------------------------------------------------- scripted analyzer
@@ -428,10 +428,10 @@ def sokoban_hindsight(start: SokobanState, trace: Sequence[SokobanTurn], rng: ra
     if trace and trace[-1].state.solved:
         verdict = "optimal" if n == m else f"the shortest solution takes {m}"
         summary = f"Solved the {room} in {n} steps ({verdict})."
-        skill = phrase(rng, _SUCCESS, route=run_length(moves), n=n)
+        skill = phrase(rng, _SUCCESS, route=step_route(moves), n=n)
         return Hindsight(episode_summary=summary, episode_skill=skill)
 
-    plan_text = run_length(plan)
+    plan_text = step_route(plan)
     pushes = sum(t.pushed for t in trace)
     summary = f"Failed the {room}: {count(n, 'step')}, {count(pushes, 'push', 'es')}, not solved."
     stuck = next((k for k, t in enumerate(trace, 1) if t.pushed and is_deadlocked(t.state)), None)

@@ -8,7 +8,7 @@ import pytest
 
 from seed_vl.config import EnvConfig
 from seed_vl.envs import ezpoints, sokoban
-from seed_vl.envs.base import run_length
+from seed_vl.envs.base import step_route
 from seed_vl.envs.registry import make_env
 from seed_vl.processors.images import ImageSettings
 from seed_vl.processors.parsing import parse_action
@@ -16,6 +16,7 @@ from seed_vl.processors.prompts import outcome_line
 from seed_vl.sft import SFTExample
 from seed_vl.skills import SKILL_HEADER
 from seed_vl.toy.demonstrations import demonstration_examples, play_demonstrations, play_random_episodes
+from seed_vl.toy.warmstart import terse_response
 
 TINY_IMAGES = ImageSettings(min_pixels=4 * 28 * 28, max_pixels=256 * 28 * 28)
 
@@ -46,7 +47,7 @@ def test_demonstrations_replay_to_a_win(env_name):
         assert terminated and info["won"] and episode.won
         if env_name.startswith("sokoban"):  # BFS: the shortest solution, and the skill quotes it
             assert episode.length == len(sokoban.solve(sokoban.generate_room(episode.seed)))
-            assert run_length(episode.actions) in episode.skill
+            assert step_route(episode.actions) in episode.skill
 
 
 def test_skill_episodes_follow_a_varied_plan_that_their_skill_names():
@@ -59,7 +60,7 @@ def test_skill_episodes_follow_a_varied_plan_that_their_skill_names():
     for episode in canonical:
         assert episode.actions == sokoban.solve(sokoban.generate_room(episode.seed))
     for episode in varied:
-        assert episode.won and run_length(episode.actions) in episode.skill
+        assert episode.won and step_route(episode.actions) in episode.skill
     solutions = {e.seed: sokoban.solve(sokoban.generate_room(e.seed)) for e in varied}
     assert sum(e.actions != solutions[e.seed] for e in varied) >= 6
     assert sum(e.length > len(solutions[e.seed]) for e in varied) >= 3  # detours
@@ -115,3 +116,18 @@ def test_random_episodes_are_real_episodes_of_admissible_actions():
             assert parse_action(turn.response_text, info["admissible_actions"]) == (turn.action, True)
             _, reward, _, _, info = env.step(turn.action)
             assert reward == turn.reward
+
+
+@pytest.mark.parametrize("env_name", ["sokoban_text", "ezpoints_text"])
+def test_terse_answers_name_the_step_and_leave_the_move_to_the_action(env_name):
+    """What the warm start trains on: the think text ends on the step's number and never states the move,
+    so the move token inside `<action>` is where the frame (or a skill) decides."""
+    episodes = play_demonstrations(
+        EnvConfig(name=env_name), 6, seed=0, history_window=2, image_settings=None, rng=random.Random(0)
+    )
+    for episode in episodes:
+        for k, turn in enumerate(episode.turns, 1):
+            think, action = terse_response(turn.response_text).removeprefix("<think>").split("</think>")
+            assert think.endswith(f"at step {k}") and action == f"<action>{turn.action}</action>"
+            words = think.removesuffix(f"at step {k}").split()
+            assert turn.action not in words and not any(m in words for m in sokoban.ACTIONS)

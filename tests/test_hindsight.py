@@ -10,7 +10,7 @@ from collections import deque
 import pytest
 
 from seed_vl.config import EnvConfig
-from seed_vl.envs.base import run_length
+from seed_vl.envs.base import step_route
 from seed_vl.envs.hindsight import scripted_hindsight
 from seed_vl.envs.registry import make_env
 from seed_vl.envs.sokoban import ACTIONS, is_deadlocked, solve
@@ -65,12 +65,18 @@ def first_deadlocking_moves(seed: int) -> list[str]:
     raise AssertionError(f"seed {seed}: no deadlocking push")
 
 
+def test_routes_are_quoted_step_by_step():
+    """Each move under the step number its observation heading shows, so a skill can be followed."""
+    assert step_route(["up", "left", "left"]) == "step 1 up, step 2 left, step 3 left"
+    assert step_route([]) == ""
+
+
 def test_sokoban_success_gives_the_winning_route():
     plan = solve(start_state(4))
     traj = played(SOKOBAN, 4, plan)
     assert traj.won
     result = analyze(traj, SOKOBAN)
-    assert run_length(plan) in result["episode_skill"]
+    assert step_route(plan) in result["episode_skill"]
     assert "Solved" in result["episode_summary"] and "optimal" in result["episode_summary"]
 
 
@@ -89,7 +95,7 @@ def test_sokoban_failure_names_the_moves_wasted_against_walls():
     start = start_state(6)
     bump = next(a for a in ACTIONS if not start.move(a)[1])
     result = analyze(played(SOKOBAN, 6, [bump] * 15), SOKOBAN)
-    assert "steps 1-15" in result["episode_skill"] and run_length(solve(start)) in result["episode_skill"]
+    assert "steps 1-15" in result["episode_skill"] and step_route(solve(start)) in result["episode_skill"]
     assert "15 moves ran into a wall" in result["episode_summary"]
 
 
@@ -149,8 +155,8 @@ def test_hindsight_facts_are_what_a_correct_skill_quotes():
     every correct one. The scripted skill quotes one of them, in every phrasing."""
     sokoban = make_env(SOKOBAN)
     plan = solve(start_state(2))
-    assert len(plan) == 8 and sokoban.hindsight_facts(2, plan) == [run_length(plan)]
-    assert sokoban.hindsight_facts(2, plan[:-1]) == [run_length(plan)]  # one move short: lost, the solution
+    assert len(plan) == 8 and sokoban.hindsight_facts(2, plan) == [step_route(plan)]
+    assert sokoban.hindsight_facts(2, plan[:-1]) == [step_route(plan)]  # one move short: lost, the solution
     ezpoints = make_env(EZPOINTS)
     seed = ezpoints_seed((3, 4))
     assert ezpoints.hindsight_facts(seed, ["3", "*", "4", "="]) == ["3 * 4"]

@@ -6,7 +6,7 @@ import math
 
 from seed_vl.config import EnvConfig, load_config
 from seed_vl.envs import sokoban
-from seed_vl.envs.base import run_length
+from seed_vl.envs.base import step_route
 from seed_vl.policy import Policy
 from seed_vl.toy.skill_probe import correct_skills, measure_skill_following
 
@@ -16,7 +16,7 @@ def test_correct_skills_name_the_solver_route_of_their_own_task():
     seeds = [1000, 1001, 1002]
     skills = correct_skills(env, seeds)
     for seed in seeds:
-        assert run_length(sokoban.solve(sokoban.generate_room(seed))) in skills[seed]
+        assert step_route(sokoban.solve(sokoban.generate_room(seed))) in skills[seed]
     assert len(set(skills.values())) == 3
 
 

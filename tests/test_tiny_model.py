@@ -80,7 +80,7 @@ def test_tokenizer_is_fitted_to_the_project_text(tiny_text_path, tiny_vl_path, v
     # Environment and analyzer words are single tokens; anything else still round-trips through bytes.
     words = [" Sokoban", " left", " box", " target", " formula", " north", " skill", " avoid"]
     if variant == "vl":  # phrase level: frequent words and clauses, not every word after a space
-        words = ["Sokoban", " left", " box", "formula", "skill", "up", "down", "right"]
+        words = ["Sokoban", " box", "formula", "skill", "up", "down", "left", "right"]
     for word in words:
         assert len(tokenizer(word)["input_ids"]) == 1, word
     for text in [
@@ -93,9 +93,12 @@ def test_tokenizer_is_fitted_to_the_project_text(tiny_text_path, tiny_vl_path, v
     # The answer tags and the move inside them are tokens of their own (gate statistics read move tokens).
     pieces = [tokenizer.decode([t]) for t in tokenizer("<think>I push it.</think><action>left</action>")["input_ids"]]
     assert pieces[-3:] == ["<action>", "left", "</action>"] or variant == "text"
-    if variant == "vl":  # phrase level: a whole recurring prompt line is a token or two
+    if variant == "vl":  # phrase level: a recurring prompt clause is a token; a move is its own token everywhere
         assert len(tokenizer(ANSWER_INSTRUCTION)["input_ids"]) <= 8
-        assert len(tokenizer("Admissible actions: up, down, left, right")["input_ids"]) <= 2
+        for text, move in [("Admissible actions: up, down, left, right", "right"), ("step 3 left, step 4 up", "left"),
+                           ("Step 2: you took 'down'; reward -0.1.", "down"), ("enter 6 * 2 and then '='", "*")]:
+            assert move in [tokenizer.decode([t]) for t in tokenizer(text)["input_ids"]], text
+        assert len(tokenizer("Admissible actions: up, down, left, right")["input_ids"]) == 8
 
 
 @pytest.mark.parametrize(

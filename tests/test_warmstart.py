@@ -142,9 +142,9 @@ def test_analyzer_pairs_hold_both_workflow_skills_and_avoidance_rules(tmp_path):
         assert example.end_of_turn
 
 
-def test_terse_response_keeps_the_move_sentence_and_the_action():
-    long = "<think>The box is 1 up from me and its target is 1 left. I push the box up.</think><action>up</action>"
-    assert warmstart.terse_response(long) == "<think>I push the box up.</think><action>up</action>"
+def test_terse_response_keeps_the_last_sentence_and_the_action():
+    long = "<think>The box is 1 up from me and its target is 1 left. I push the box at step 3</think><action>up</action>"
+    assert warmstart.terse_response(long) == "<think>I push the box at step 3</think><action>up</action>"
     assert warmstart.terse_response("no answer format") == "no answer format"
 
 

@@ -178,13 +178,12 @@ _SITUATION = (
     "Box: {box} from me. Target: {target} from the box.",
     "I see the box {box} from me; the target lies {target} from it.",
 )
-_WALK = (
-    "I walk {move} to get behind the box.",
-    "Moving {move} brings me to the pushing side.",
-    "First I step {move}.",
-)
-_PUSH = ("I push the box {move}.", "Pushing {move} moves the box toward the target.")
-_FINAL_PUSH = ("Pushing {move} puts the box on the target.", "One push {move} finishes the room.")
+# The last sentence (the terse answer the warm start trains on) never names the move, so the move is decided
+# in `<action>`, from the frame or from a skill in context; it ends on the step's number, two tokens before
+# the move, as a skill's route puts each number two tokens before its move ("step 3 left").
+_WALK = ("I walk to get behind the box at step {k}", "I move to the pushing side at step {k}")
+_PUSH = ("I push the box at step {k}", "I push the box toward the target at step {k}")
+_FINAL_PUSH = ("This push puts the box on the target at step {k}", "One push finishes the room at step {k}")
 
 
 def _sokoban_plan(env: sokoban.SokobanEnv, rng: random.Random) -> Plan | None:
@@ -218,7 +217,7 @@ def _sokoban_think(env: sokoban.SokobanEnv, plan: Plan, k: int, rng: random.Rand
     target = min(state.targets - state.boxes or state.targets, key=lambda t: _distance(t, box))
     situation = phrase(rng, _SITUATION, box=_offset(state.player, box), target=_offset(box, target))
     action = _FINAL_PUSH if after.solved else _PUSH if pushed else _WALK
-    return f"{situation} {phrase(rng, action, move=move)}"
+    return f"{situation} {phrase(rng, action, k=k + 1)}"
 
 
 def _distance(a: sokoban.Cell, b: sokoban.Cell) -> int:
@@ -235,15 +234,12 @@ def _offset(origin: sokoban.Cell, cell: sokoban.Cell) -> str:
 
 # ----------------------------------------------------------------------------------------------- EZPoints
 _FIRST = (
-    "The cards are worth {a} and {b}, and {formula} = 12, so I start with {token}.",
-    "Values {a} and {b}: {formula} makes 12. First token: {token}.",
+    "The cards are worth {a} and {b}, and {formula} = 12. I enter the first number at step {k}",
+    "Values {a} and {b}: {formula} makes 12. The first number at step {k}",
 )
-_OPERATOR = (
-    "Next the operator {token}, since {formula} = 12.",
-    "{formula} = 12, so the operator is {token}.",
-)
-_SECOND = ("Then {token} completes {formula}.", "The last number is {token}: {formula} = 12.")
-_SUBMIT = ("{formula} equals 12 and uses both cards, so I submit.", "The formula {formula} is 12; submit it.")
+_OPERATOR = ("{formula} = 12. Next the operator at step {k}", "I type {formula}. The operator at step {k}")
+_SECOND = ("{formula} = 12. The second number at step {k}", "I type {formula}. The last number at step {k}")
+_SUBMIT = ("{formula} equals 12 and uses both cards. I submit at step {k}", "{formula} is 12. Submit at step {k}")
 
 
 def _ezpoints_plan(env: ezpoints.EZPointsEnv, rng: random.Random) -> Plan:
@@ -263,7 +259,7 @@ def _ezpoints_think(env: ezpoints.EZPointsEnv, plan: Plan, k: int, rng: random.R
     else:
         templates = _FIRST if k == 0 else _SECOND
     a, b = env.values
-    return phrase(rng, templates, a=a, b=b, formula=" ".join(plan[:-1]), token=token)
+    return phrase(rng, templates, a=a, b=b, formula=" ".join(plan[:-1]), k=k + 1)
 
 
 # ---------------------------------------------------------------------------------------------- TextWorld

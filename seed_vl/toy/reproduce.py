@@ -151,7 +151,9 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
             figure = Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png"
             plot_runs([r.run_dir for r in task_runs], figure, labels=[r.method for r in task_runs])
     minutes = _recorded_minutes(Path(cfg.output_dir), warmstart_dir, [r.run_dir.name for r in results])
-    write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides)
+    measured = _base_measures(warmstart_dir)
+    preconditions = {task: measured[env] for task, env in zip(cfg.tasks, envs, strict=True) if env in measured}
+    write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides, preconditions)
     return Path(cfg.results)
 
 
@@ -187,6 +189,56 @@ def _recorded_minutes(output_dir: Path, warmstart_dir: Path, run_names: list[str
     warmstart = warmstart_dir / SUMMARY_FILE
     total = json.loads(warmstart.read_text()).get("wall_time_s", 0.0) if warmstart.is_file() else 0.0
     return (total + sum(seconds.get(name, 0.0) for name in run_names)) / 60
+
+
+def _base_measures(warmstart_dir: Path) -> dict[str, dict[str, float]]:
+    """The warm start's measures of the base policy per environment (`warmstart.json`; empty: none)."""
+    summary = warmstart_dir / SUMMARY_FILE
+    return json.loads(summary.read_text()).get("base", {}) if summary.is_file() else {}
+
+
+# Precondition table columns: (heading, warm-start measure, shown as a percentage).
+_PRECONDITIONS = [
+    ("success, no skill", "skills/success/none", True),
+    ("correct skill", "skills/success/correct", True),
+    ("wrong skill", "skills/success/wrong", True),
+    ("gap, won", "skills/gap/won", False),
+    ("gate, won", "skills/gate/won", False),
+    ("gap, lost", "skills/gap/lost", False),
+    ("gate, lost", "skills/gate/lost", False),
+    ("skill valid", "analyzer/valid", True),
+    ("agrees", "analyzer/agree", True),
+    ("agrees, won", "analyzer/agree_won", True),
+]
+
+
+def _precondition_lines(preconditions: dict[str, dict[str, float]]) -> list[str]:
+    """Does the base read a skill, and does its self-analyzer write usable ones (README: the warm start)."""
+    if not preconditions:
+        return []
+
+    def cell(value: float | None, percent: bool) -> str:
+        if value is None or math.isnan(value):
+            return "—"
+        return f"{100 * value:.1f}" if percent else f"{value:+.3f}"
+
+    lines = [
+        "## Preconditions: does the base policy read skills and write them?",
+        "",
+        "Measured by the warm start on the held-out evaluation tasks before any RL (`warmstart.json`). Success (%)",
+        "with no skill in context, with the correct skill (the scripted analyzer's for the solver's win on that",
+        "task) and with a wrong one (another task's); on the no-skill episodes, the mean teacher-student gap",
+        "`l_skill - l_old` (nats) and gate on move tokens (inside `<action>`), won and lost episodes; and the",
+        "self-analyzer's skills on those episodes (%): usable, and agreeing with the scripted analyzer's content",
+        "(the winning order, or a correct solution).",
+        "",
+        "| Task | " + " | ".join(heading for heading, _, _ in _PRECONDITIONS) + " |",
+        "|---|" + "---|" * len(_PRECONDITIONS),
+    ]
+    for task, measured in preconditions.items():
+        cells = [cell(measured.get(key), percent) for _, key, percent in _PRECONDITIONS]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def first_reach(curves: list[list[tuple[float, float]]], target: float) -> float:
@@ -232,6 +284,7 @@ def write_results(
     minutes: float,
     config_path: str | None,
     overrides: list[str],
+    preconditions: dict[str, dict[str, float]] | None = None,
 ) -> None:
     tasks, methods = list(cfg.tasks), list(cfg.methods)
     by = {(t, m): [r for r in results if r.task == t and r.method == m] for t in tasks for m in methods}
@@ -265,6 +318,7 @@ def write_results(
         f"{t} {_mean_std(base[t])}" for t in tasks
     ), ""]
 
+    lines += _precondition_lines(preconditions or {})
     lines += [
         "## Environment steps to reach GRPO's final success rate",
         "",

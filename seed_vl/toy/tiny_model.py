@@ -6,9 +6,10 @@ text-only variant) load exactly like a Qwen release. The same seed writes the sa
 
 The tokenizer is a byte-level BPE trained in-process on the text the environments, prompt templates and
 analyzer really produce (rendered from solver and random episodes). The vision-language variants use a
-phrase-level pre-tokenizer: only digits, newlines and the answer tags `<think>`, `</think>`, `<action>`,
-`</action>` are split off, so merges may span words and a recurring clause of the prompt ("Admissible
-actions: up, down, left, right") costs one or two tokens (the text-only variant keeps Qwen2's word-level
+phrase-level pre-tokenizer: only digits, newlines, the answer tags `<think>`, `</think>`, `<action>`,
+`</action>` and the actions (moves, operators) are split off, so merges may span other words and a
+recurring clause of the prompt costs one or two tokens, while a move is the same token in a skill, a
+history line and an answer (the text-only variant keeps Qwen2's word-level
 pre-tokenizer: `train_tokenizer` says why). A tiny model's compute goes into its sequence length; this tokenizer, the toy's
 own (a real run uses its model's), keeps the toy's sequences several times shorter than word-level BPE.
 """
@@ -83,8 +84,10 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-# Phrase level: split off (and never merge across) digits, line breaks and the answer tags, nothing else.
-_PHRASE_REGEX = r"</?(?:think|action)>|\p{N}|[\r\n]+"
+# Phrase level: split off (and never merge across) digits, line breaks, the answer tags and the actions
+# (the four moves, EZPoints' operators), nothing else: a move is one token wherever it appears, in a skill,
+# a history line or an answer, so that copying it from a skill is one token's lookup.
+_PHRASE_REGEX = r"</?(?:think|action)>|\p{N}|[\r\n]+|\b(?:up|down|left|right)\b|[+*=]"
 # Word level, Qwen2's: contractions, letter runs, single digits, punctuation runs, whitespace.
 _WORD_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"

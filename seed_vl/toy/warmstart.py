@@ -200,14 +200,14 @@ def cached_key(out_dir: Path) -> str | None:
 
 
 def terse_response(response: str) -> str:
-    """A solver demonstration's answer with only the last sentence of its think text, the move itself
-    ("I push the box up."): the situation sentence before it would triple every response of the tiny
-    model, the cost of every rollout turn and the tokens it must learn."""
+    """A solver demonstration's answer with only the last sentence of its think text ("I push the box at
+    step 3"): the situation sentence before it would triple every response of the tiny model, the cost of
+    every rollout turn and the tokens it must learn."""
     match = _ANSWER.fullmatch(response)
     if match is None:
         return response
-    move = _SENTENCE_END.split(match["think"].strip())[-1]
-    return f"<think>{move}</think>{match['action']}"
+    last = _SENTENCE_END.split(match["think"].strip())[-1]
+    return f"<think>{last}</think>{match['action']}"
 
 
 # ----------------------------------------------------------------------------------------- analyzer pairs
