@@ -106,4 +106,4 @@ def test_results_show_the_base_policys_skill_preconditions(tmp_path):
     out = tmp_path / "RESULTS.md"
     write_results(cfg, [_run("Sokoban", "grpo", 0, [(0, 0.2), (100, 0.3)])], out, 1.0, None, [],
                   {"Sokoban": measured})
-    assert "| Sokoban | 25.0 | 50.0 | 25.0 | +0.610 | +0.930 | -0.020 | +0.470 | 93.8 | 50.0 | — |" in out.read_text()
+    assert "| Sokoban | 25.0 | 50.0 | 25.0 | +0.610 | 0.930 | -0.020 | 0.470 | 93.8 | 50.0 | — |" in out.read_text()

@@ -197,19 +197,20 @@ def _base_measures(warmstart_dir: Path) -> dict[str, dict[str, float]]:
     return json.loads(summary.read_text()).get("base", {}) if summary.is_file() else {}
 
 
-# Precondition table columns: (heading, warm-start measure, shown as a percentage).
+# Precondition table columns: (heading, warm-start measure, format: a share in %, nats, a gate).
 _PRECONDITIONS = [
-    ("success, no skill", "skills/success/none", True),
-    ("correct skill", "skills/success/correct", True),
-    ("wrong skill", "skills/success/wrong", True),
-    ("gap, won", "skills/gap/won", False),
-    ("gate, won", "skills/gate/won", False),
-    ("gap, lost", "skills/gap/lost", False),
-    ("gate, lost", "skills/gate/lost", False),
-    ("skill valid", "analyzer/valid", True),
-    ("agrees", "analyzer/agree", True),
-    ("agrees, won", "analyzer/agree_won", True),
+    ("success, no skill", "skills/success/none", "%"),
+    ("correct skill", "skills/success/correct", "%"),
+    ("wrong skill", "skills/success/wrong", "%"),
+    ("gap, won", "skills/gap/won", "nats"),
+    ("gate, won", "skills/gate/won", "gate"),
+    ("gap, lost", "skills/gap/lost", "nats"),
+    ("gate, lost", "skills/gate/lost", "gate"),
+    ("skill valid", "analyzer/valid", "%"),
+    ("agrees", "analyzer/agree", "%"),
+    ("agrees, won", "analyzer/agree_won", "%"),
 ]
+_FORMATS = {"%": lambda v: f"{100 * v:.1f}", "nats": lambda v: f"{v:+.3f}", "gate": lambda v: f"{v:.3f}"}
 
 
 def _precondition_lines(preconditions: dict[str, dict[str, float]]) -> list[str]:
@@ -217,10 +218,8 @@ def _precondition_lines(preconditions: dict[str, dict[str, float]]) -> list[str]
     if not preconditions:
         return []
 
-    def cell(value: float | None, percent: bool) -> str:
-        if value is None or math.isnan(value):
-            return "—"
-        return f"{100 * value:.1f}" if percent else f"{value:+.3f}"
+    def cell(value: float | None, kind: str) -> str:
+        return "—" if value is None or math.isnan(value) else _FORMATS[kind](value)
 
     lines = [
         "## Preconditions: does the base policy read skills and write them?",
@@ -236,7 +235,7 @@ def _precondition_lines(preconditions: dict[str, dict[str, float]]) -> list[str]
         "|---|" + "---|" * len(_PRECONDITIONS),
     ]
     for task, measured in preconditions.items():
-        cells = [cell(measured.get(key), percent) for _, key, percent in _PRECONDITIONS]
+        cells = [cell(measured.get(key), kind) for _, key, kind in _PRECONDITIONS]
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
