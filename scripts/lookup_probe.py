@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -38,7 +40,7 @@ def document(tokenizer, rng: random.Random, lookups: int) -> tuple[list[int], li
     return ids, labels
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="an HF image-text-to-text model directory")
     parser.add_argument("--steps", type=int, default=800)
@@ -46,14 +48,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lookups", type=int, default=6, help="looked-up steps per document")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if not (Path(args.model) / "config.json").is_file():
+        parser.error(f"--model: no model at {args.model} (run `seed-vl warmstart --config RECIPE` first)")
 
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     tokenizer = AutoProcessor.from_pretrained(args.model).tokenizer
     for move in MOVES:
         if len(tokenizer.encode(move, add_special_tokens=False)) != 1:
-            raise SystemExit(f"--model: the tokenizer splits the move '{move}'; the probe needs one token per move")
+            parser.error(f"--model: the tokenizer splits the move '{move}'; the probe needs one token per move")
     model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, foreach=True)
     pad = tokenizer.pad_token_id
@@ -77,7 +81,8 @@ def main() -> None:
             print(f"step {step:5d}  loss {out.loss.item():.3f}  move accuracy {correct / total:.3f} "
                   f"(chance 0.250)  {time.perf_counter() - start:.0f}s", flush=True)
             correct = total = 0
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

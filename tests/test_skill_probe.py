@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+import random
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoProcessor
 
 from seed_vl.config import EnvConfig, load_config
 from seed_vl.envs import sokoban
@@ -33,3 +41,33 @@ def test_probe_reports_every_condition_on_the_tiny_model(tiny_vl_path):
         gate = metrics[f"gate/{outcome}"]
         assert math.isnan(gate) == (metrics[f"move_tokens/{outcome}"] == 0)
         assert math.isnan(gate) or 0.0 < gate < 1.0
+
+
+def _lookup_probe():
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    try:
+        return importlib.import_module("lookup_probe")
+    finally:
+        sys.path.pop(0)
+
+
+def test_lookup_probe_documents_label_only_the_looked_up_moves(tiny_vl_path):
+    """scripts/lookup_probe.py: a route, then lookups; the loss falls on each looked-up move and nothing else."""
+    probe = _lookup_probe()
+    tokenizer = AutoProcessor.from_pretrained(tiny_vl_path).tokenizer
+    ids, labels = probe.document(tokenizer, random.Random(0), lookups=4)
+    text = tokenizer.decode(ids)
+    route = dict(re.findall(r"step (\d+) (\w+)", text.split("]")[0]))
+    asked = re.findall(r"at step (\d+)</think><action>(\w+)</action>", text)
+    assert len(asked) == 4 and all(route[k] == move for k, move in asked)
+    labelled = [tokenizer.decode([t]) for t, label in zip(ids, labels, strict=True) if label != -100]
+    assert labelled == [move for _, move in asked] and all(label in (-100, t) for t, label in zip(ids, labels, strict=True))
+
+
+def test_lookup_probe_trains_and_reports_accuracy(tiny_vl_path, tmp_path, capsys):
+    probe = _lookup_probe()
+    assert probe.main(["--model", tiny_vl_path, "--steps", "2", "--batch", "2", "--lookups", "2"]) == 0
+    assert "move accuracy" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        probe.main(["--model", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2 and "--model: no model at" in capsys.readouterr().err
