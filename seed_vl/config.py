@@ -124,6 +124,10 @@ class AlgorithmConfig(Section):
     # Truncated importance sampling against the rollout engine's own log-probs (verl, TRL): each action
     # token's policy-gradient term is weighted by min(exp(l_old - l_rollout), cap). None: off.
     rollout_is_cap: float | None = Field(None, gt=0.0)
+    # Where l_old comes from. "rescore": the trainer scores every action before the update (the paper, verl).
+    # "sampler": the hf backend's own log-probs of the sampled tokens, the same numbers when it samples the
+    # trainer's weights at top_p 1 (fp32 on CPU: |l_old - l_rollout| ~2e-5 nats), which saves that pass.
+    old_logprobs: Literal["rescore", "sampler"] = "rescore"
 
 
 class GenerationConfig(Section):
@@ -203,6 +207,10 @@ class WarmstartConfig(Section):
 
     base_model: str = ".cache/tiny-vl"  # the untrained tiny model; built with `tiny_model_seed` when missing
     tiny_model_seed: int = 0
+    # Lookup pretraining first (seed_vl/toy/lookup_pretraining.py): steps of finding a step in a route and
+    # copying its move, what following a skill needs; 0 = none. Cached in `<base_model>-lookup/`.
+    lookup_steps: int = Field(0, ge=0)
+    lookup_drills: int = Field(0, ge=0)  # lookup documents as chat examples mixed into the SFT
     out_dir: str = ".cache/warmstart-vl"  # model/ and warmstart.json; reused while the settings match
     envs: list[str] = ["sokoban_visual", "ezpoints_visual"]  # all visual (VL model) or all text
     seed: int = 0  # demonstrations, shuffling, evaluation sampling
@@ -256,6 +264,15 @@ class Config(Section):
     collect: CollectConfig = CollectConfig()
     sft: SFTConfig = SFTConfig()
     warmstart: WarmstartConfig = WarmstartConfig()
+
+    @model_validator(mode="after")
+    def _sampler_logprobs_are_the_trainers(self) -> Config:
+        if self.algorithm.old_logprobs == "sampler" and (self.generation.backend != "hf" or self.rollout.top_p < 1):
+            raise ValueError(
+                "algorithm.old_logprobs: 'sampler' needs generation.backend=hf and rollout.top_p=1 (otherwise the "
+                "sampler's log-probs are not the trainer's l_old); use 'rescore'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _embeds_need_a_frozen_tower(self) -> Config:

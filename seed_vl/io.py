@@ -1,7 +1,9 @@
-"""Atomic file and directory writes: a crash never leaves a half-written file or checkpoint behind."""
+"""Atomic file and directory writes: a crash never leaves a half-written file or checkpoint behind. And the
+content digests that key the toy's caches."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -82,3 +84,17 @@ def read_jsonl(path: str | os.PathLike, on_bad_line: Callable[[int, str], None] 
                 raise
             on_bad_line(lineno, line)
     return records
+
+
+def content_digest(*parts: str | bytes) -> str:
+    """16 hex digits of a sha256 over `parts` (a cache key: settings, weights, source files)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def weights_digest(model_dir: str | os.PathLike) -> str:
+    """The content digest of a model directory's safetensors files."""
+    return content_digest(*(f.read_bytes() for f in sorted(Path(model_dir).glob("*.safetensors"))))

@@ -283,13 +283,18 @@ class Trainer:
         """Ordinary and skill-augmented contexts share padded batches and the image-embedding cache."""
         mb, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
         responses = [s.response_ids for s in samples]
+        if self.config.algorithm.old_logprobs == "sampler":  # l_old = the sampler's own log-probs
+            for sample in samples:
+                if sample.turn.rollout_logprobs is not None:
+                    sample.old_logprobs = torch.tensor(sample.turn.rollout_logprobs, device=self.policy.device)
+        rescore = [s for s in samples if s.old_logprobs is None]
         with_skill = [s for s in samples if s.skill and self.preset.opd_coef > 0]
         scored = self.policy.score(
-            [s.context for s in samples] + [insert_skill(s.context, s.skill) for s in with_skill],
-            responses + [s.response_ids for s in with_skill],
+            [s.context for s in rescore] + [insert_skill(s.context, s.skill) for s in with_skill],
+            [s.response_ids for s in rescore + with_skill],
             micro_batch_size=mb, return_entropy=False, temperature=temperature,
         ).logprobs
-        for sample, logprobs in zip(samples + with_skill, scored, strict=True):
+        for sample, logprobs in zip(rescore + with_skill, scored, strict=True):
             if sample.old_logprobs is None:
                 sample.old_logprobs = logprobs
             else:
@@ -317,7 +322,10 @@ class Trainer:
 
     def _logprob_gap_metrics(self, samples: list[ActionSample]) -> dict[str, float]:
         """|l_old - l_rollout| over the action tokens whose sampler reported log-probs, mean and max over
-        every process: how far the sampling engine is from the trainer on the same weights."""
+        every process: how far the sampling engine is from the trainer on the same weights (nothing to
+        compare when l_old is the sampler's)."""
+        if self.config.algorithm.old_logprobs == "sampler":
+            return {}
         gaps = [(s.old_logprobs - s.rollout_logprobs).abs() for s in samples if s.rollout_logprobs is not None]
         gaps = [g for g in gaps if len(g)]
         total = float(sum(g.sum() for g in gaps)) if gaps else 0.0

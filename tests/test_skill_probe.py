@@ -16,6 +16,7 @@ from seed_vl.config import EnvConfig, load_config
 from seed_vl.envs import sokoban
 from seed_vl.envs.base import step_route
 from seed_vl.policy import Policy
+from seed_vl.toy.lookup_pretraining import lookup_document, lookup_drill
 from seed_vl.toy.skill_probe import correct_skills, measure_skill_following
 
 
@@ -51,11 +52,10 @@ def _lookup_probe():
         sys.path.pop(0)
 
 
-def test_lookup_probe_documents_label_only_the_looked_up_moves(tiny_vl_path):
-    """scripts/lookup_probe.py: a route, then lookups; the loss falls on each looked-up move and nothing else."""
-    probe = _lookup_probe()
+def test_lookup_documents_label_only_the_looked_up_moves(tiny_vl_path):
+    """Lookup pretraining's documents: a route, then lookups; the loss falls on each looked-up move only."""
     tokenizer = AutoProcessor.from_pretrained(tiny_vl_path).tokenizer
-    ids, labels = probe.document(tokenizer, random.Random(0), lookups=4)
+    ids, labels = lookup_document(tokenizer, random.Random(0), lookups=4)
     text = tokenizer.decode(ids)
     route = dict(re.findall(r"step (\d+) (\w+)", text.split("]")[0]))
     asked = re.findall(r"at step (\d+)</think><action>(\w+)</action>", text)
@@ -64,9 +64,17 @@ def test_lookup_probe_documents_label_only_the_looked_up_moves(tiny_vl_path):
     assert labelled == [move for _, move in asked] and all(label in (-100, t) for t, label in zip(ids, labels, strict=True))
 
 
+def test_lookup_drills_answer_each_looked_up_step_with_its_move():
+    example = lookup_drill(random.Random(0), lookups=3)
+    (message,) = example.context
+    route = dict(re.findall(r"step (\d+) (\w+)", message["content"].split("[")[1]))
+    asked = re.findall(r"<think>I push the box at step (\d+)</think><action>(\w+)</action>", example.response)
+    assert len(asked) == 3 and len(set(asked)) == 3 and all(route[k] == move for k, move in asked)
+
+
 def test_lookup_probe_trains_and_reports_accuracy(tiny_vl_path, tmp_path, capsys):
     probe = _lookup_probe()
-    assert probe.main(["--model", tiny_vl_path, "--steps", "2", "--batch", "2", "--lookups", "2"]) == 0
+    assert probe.main(["--model", tiny_vl_path, "--steps", "2", "--batch", "2"]) == 0
     assert "move accuracy" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
         probe.main(["--model", str(tmp_path / "missing")])

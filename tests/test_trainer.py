@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from seed_vl.checkpoint import list_checkpoints
-from seed_vl.config import load_config
+from seed_vl.config import ConfigError, load_config
 from seed_vl.trainer import NonFiniteError, Trainer, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -253,3 +253,36 @@ def test_the_image_cache_encodes_each_unique_frame_once_per_step(tmp_path, tiny_
         assert record["cache/hits"] == record["cache/images_seen"] - record["cache/encoder_calls"] > 0
     for record in records:
         assert record["eval/cache/encoder_calls"] > 0
+
+
+def test_the_samplers_log_probs_stand_in_for_the_old_policy_pass(tmp_path, tiny_vl_path, monkeypatch):
+    """algorithm.old_logprobs=sampler: l_old is the hf sampler's own log-probs, the numbers the rescoring
+    pass computes, and scoring runs over the skill contexts only."""
+    def trainer(mode: str) -> Trainer:
+        return Trainer(load_config(None, _overrides(tiny_vl_path, tmp_path, "sokoban_visual", **{
+            "analyzer.backend": "scripted", "algorithm.kl_coef": 0.0, "algorithm.old_logprobs": mode,
+            "train.run_name": mode,
+        })))
+
+    rescoring, sampler = trainer("rescore"), trainer("sampler")
+    trajectories = rescoring.rollout(step=1)
+    rescoring._attach_skills(trajectories, step=1)
+    rescored, reused = rescoring._action_samples(trajectories), sampler._action_samples(trajectories)
+    rescoring._paired_scores(rescored)
+    scored = []
+    score = sampler.policy.score
+    monkeypatch.setattr(sampler.policy, "score", lambda contexts, *a, **k: scored.append(len(contexts)) or score(
+        contexts, *a, **k))
+    sampler._paired_scores(reused)
+
+    assert scored == [sum(s.skill is not None for s in reused)] and 0 < scored[0] < 2 * len(reused)
+    for a, b in zip(rescored, reused, strict=True):
+        assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-3)
+        assert torch.allclose(a.teacher_logprobs, b.teacher_logprobs, atol=1e-5)
+    assert sampler._logprob_gap_metrics(reused) == {}
+
+
+def test_sampler_log_probs_need_the_hf_sampler_at_top_p_1():
+    for overrides in (["rollout.top_p=0.9"], ["generation.backend=vllm"]):
+        with pytest.raises(ConfigError, match="algorithm.old_logprobs"):
+            load_config(None, ["algorithm.old_logprobs=sampler", *overrides])

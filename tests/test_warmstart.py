@@ -10,8 +10,9 @@ import pytest
 
 from seed_vl.analyzer import parse_analysis
 from seed_vl.config import ConfigError, load_config
+from seed_vl.io import weights_digest
 from seed_vl.policy import Policy
-from seed_vl.toy import warmstart
+from seed_vl.toy import lookup_pretraining, tiny_model, warmstart
 
 
 def tiny_budget(tmp: Path, *overrides: str):
@@ -140,6 +141,33 @@ def test_analyzer_pairs_hold_both_workflow_skills_and_avoidance_rules(tmp_path):
     for example in examples:
         assert parse_analysis(example.response, min_words=config.analyzer.min_skill_words) is not None
         assert example.end_of_turn
+
+
+def test_a_base_model_from_another_builder_version_is_rebuilt_and_a_users_own_kept(tmp_path):
+    config = tiny_budget(tmp_path)
+    base = warmstart.ensure_base_model(config)
+    record = base / tiny_model.BUILDER_FILE
+    assert json.loads(record.read_text())["builder"] == tiny_model.builder_digest()
+    record.write_text(json.dumps({"builder": "an older builder"}))
+    (base / "model.safetensors").write_bytes(b"stale")
+    assert warmstart.ensure_base_model(config) == base and (base / "model.safetensors").read_bytes() != b"stale"
+    record.unlink()  # no builder record: the user's own model, never replaced
+    (base / "model.safetensors").write_bytes(b"theirs")
+    assert warmstart.ensure_base_model(config) == base and (base / "model.safetensors").read_bytes() == b"theirs"
+
+
+def test_lookup_pretraining_comes_first_and_is_cached(tmp_path, monkeypatch):
+    config = tiny_budget(tmp_path, "warmstart.lookup_steps=2")
+    base = warmstart.ensure_base_model(config)
+    assert base == tmp_path / "tiny-vl-lookup"
+    summary = json.loads((base / lookup_pretraining.SUMMARY_FILE).read_text())
+    assert summary["steps"] == 2 and len(summary["move_accuracy"]) == 1
+    assert weights_digest(base) != weights_digest(tmp_path / "tiny-vl")  # trained, beside the untouched base
+    assert Policy.from_config(config.model, path=base).is_vision  # loads through HF with its processor
+
+    monkeypatch.setattr(lookup_pretraining, "train_lookup", lambda *a, **k: pytest.fail("retrained"))
+    assert warmstart.ensure_base_model(config) == base
+    assert warmstart.warmstart_key(config) != warmstart.warmstart_key(tiny_budget(tmp_path))
 
 
 def test_terse_response_keeps_the_last_sentence_and_the_action():

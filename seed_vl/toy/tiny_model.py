@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 import random
 from pathlib import Path
@@ -46,9 +47,10 @@ from transformers import (
     Qwen3VLVideoProcessor,
 )
 
-from seed_vl.io import atomic_directory
+from seed_vl.io import atomic_directory, content_digest
 
 ARCHITECTURES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
+BUILDER_FILE = "tiny_model.json"  # which version of this builder wrote the model
 
 # Qwen's chat-format and vision special tokens, in Qwen's id order.
 SPECIAL_TOKENS = (
@@ -103,6 +105,11 @@ _TEXT_DIMS = dict(
     max_position_embeddings=8192,
     rms_norm_eps=1e-6,
 )
+# Qwen's VL releases use 1e6 for 128-wide heads and long contexts; with 32-wide heads nearly all of those
+# rotary frequencies barely turn over a ~1k-token context, and the tiny model cannot tell a token two
+# positions back from one ten back, which looking a step up in a skill needs (the lookup probe's task
+# from random weights, 700 steps: 49% of moves right at 1e6, 99% at 1e4; chance is 25%).
+_ROPE_THETA = 1e4
 
 
 # Everyday instruction English beyond the environment words, so prompts and skills stay short in tokens.
@@ -340,12 +347,13 @@ def tiny_config(
         "pad_token_id": ids("<|endoftext|>"),
     }
     if arch == "qwen2":
-        return Qwen2Config(**text, tie_word_embeddings=True)
+        return Qwen2Config(**text, rope_parameters={"rope_type": "default", "rope_theta": _ROPE_THETA},
+                           tie_word_embeddings=True)
     _check_arch(arch)
     head_dim = text["hidden_size"] // text["num_attention_heads"]
     text["rope_parameters"] = {
         "rope_type": "default",
-        "rope_theta": 1e6,
+        "rope_theta": _ROPE_THETA,
         "mrope_section": _mrope_section(head_dim),
     }
     if arch == "qwen3_vl":
@@ -422,4 +430,17 @@ def build_tiny_model(
             tokenizer.save_pretrained(tmp)
         else:
             _processor(arch, tokenizer).save_pretrained(tmp)
+        (tmp / BUILDER_FILE).write_text(json.dumps({"builder": builder_digest()}) + "\n")
     return out
+
+
+def builder_digest() -> str:
+    """A digest of this file: a tiny model written by another version of it is out of date."""
+    return content_digest(Path(__file__).read_bytes())
+
+
+def built_by_another_version(model_dir: str | os.PathLike) -> bool:
+    """Whether `model_dir` holds a tiny model that an older (or newer) builder wrote; a model without the
+    builder's record (one of the user's own) never is."""
+    record = Path(model_dir) / BUILDER_FILE
+    return record.is_file() and json.loads(record.read_text()).get("builder") != builder_digest()

@@ -9,7 +9,9 @@ tiny model a short, documented substitute, one shuffled SFT over every `warmstar
     detour) with the scripted skill naming it in every context, so the skill decides moves the frame
     alone does not, which is what makes skill text worth reading;
   * stage-1 analyzer SFT: analyzer prompt -> scripted-analyzer JSON on solver episodes (workflow skills)
-    and random-action episodes (mostly avoidance rules), so that the model can write skills.
+    and random-action episodes (mostly avoidance rules), so that the model can write skills;
+  * optionally, lookup pretraining before it and lookup drills within it (`lookup_steps`,
+    `lookup_drills`: `seed_vl.toy.lookup_pretraining`), the in-context retrieval that following a route needs.
 
 It stops early on purpose (few demonstrations, few epochs): the base policy should solve a minority of
 held-out episodes and leave room for RL. `warmstart.json` records the settings, the SFT loss curve, the
@@ -23,7 +25,6 @@ temporary directory that replaces it in one rename, so an interrupted warm start
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import random
@@ -44,19 +45,20 @@ from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyz
 from seed_vl.config import Config, EnvConfig
 from seed_vl.envs.group import EnvGroup
 from seed_vl.evaluation import EVAL_STEP, episode_stats
-from seed_vl.io import atomic_directory, atomic_write_text
+from seed_vl.io import atomic_directory, atomic_write_text, content_digest, weights_digest
 from seed_vl.policy import Policy
 from seed_vl.processors.images import ImageSettings
 from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed
 from seed_vl.sft import SFTExample, SFTSettings, train_sft
 from seed_vl.toy.demonstrations import demonstration_examples, play_demonstrations, play_random_episodes
+from seed_vl.toy.lookup_pretraining import lookup_drill, lookup_pretrained
 from seed_vl.toy.skill_probe import analyzer_agreement, measure_skill_following
-from seed_vl.toy.tiny_model import build_tiny_model
+from seed_vl.toy.tiny_model import build_tiny_model, built_by_another_version
 from seed_vl.tracking import Phase
 
 SUMMARY_FILE, MODEL_DIR = "warmstart.json", "model"
 # Seed streams of the warm start's own draws (demonstration phrasing, random-action episodes).
-_DEMO_STREAM, _ANALYZER_STREAM = 0x3A12, 0x3A13
+_DEMO_STREAM, _ANALYZER_STREAM, _LOOKUP_STREAM = 0x3A12, 0x3A13, 0x3A14
 _ANSWER = re.compile(r"<think>(?P<think>.*)</think>(?P<action><action>.*</action>)", re.DOTALL)
 _SENTENCE_END = re.compile(r"(?<=[.;])\s+")
 
@@ -70,7 +72,7 @@ def run_warmstart(config: Config) -> Path:
     if cached_key(out_dir) == key:
         print(f"[seed-vl] warm start: reusing {out_dir / MODEL_DIR}", file=sys.stderr)
         return out_dir / MODEL_DIR
-    base, settings = Path(ws.base_model), warmstart_settings(config)
+    base, settings = ensure_base_model(config), warmstart_settings(config)
 
     start = time.perf_counter()
     model = config.model.model_copy(update={"freeze_vision_tower": not ws.train_vision_tower})
@@ -133,6 +135,8 @@ def warmstart_examples(
             rng = random.Random(derive_seed(_ANALYZER_STREAM, ws.seed, index))
             analysis += analyzer_examples(config, env, ws.analyzer_episodes, images, rng)
             bar.update()
+    rng = random.Random(derive_seed(_LOOKUP_STREAM, ws.seed))
+    demonstrations += [lookup_drill(rng) for _ in range(ws.lookup_drills)]
     return demonstrations, analysis
 
 
@@ -143,11 +147,15 @@ def loss_curve(losses: list[float], points: int = 10) -> list[float]:
 
 
 def ensure_base_model(config: Config) -> Path:
-    """`warmstart.base_model`, built as the tiny model (VL or text, as the environments need) if missing."""
+    """The model the warm start trains: `warmstart.base_model`, built as the tiny model (VL or text, as the
+    environments need) if missing or written by another version of the builder, after
+    `warmstart.lookup_steps` of lookup pretraining (cached)."""
     ws = config.warmstart
     base = Path(ws.base_model)
-    if not (base / "config.json").is_file():
+    if not (base / "config.json").is_file() or built_by_another_version(base):
         build_tiny_model(base, text_only=ws.text_only, seed=ws.tiny_model_seed)
+    if ws.lookup_steps:
+        return lookup_pretrained(base, ws.lookup_steps, seed=ws.seed, show_progress=config.logging.progress)
     return base
 
 
@@ -185,7 +193,7 @@ def warmstart_key(config: Config) -> str:
     """What a finished warm start must match to be reused: settings, base weights and package source."""
     base = ensure_base_model(config)
     settings = json.dumps(warmstart_settings(config), sort_keys=True)
-    return _digest(settings, _weights_digest(base), source_digest())
+    return content_digest(settings, weights_digest(base), source_digest())
 
 
 def cached_key(out_dir: Path) -> str | None:
@@ -272,16 +280,5 @@ def source_digest() -> str:
     change the warm start's result invalidates the cache."""
     roots = [Path(p) for pkg in (seed_vl, seed_vl.envs, seed_vl.processors) for p in pkg.__path__]
     files = sorted({f for root in roots for f in root.rglob("*.py")})
-    return _digest(*(f.read_bytes() for f in files))
+    return content_digest(*(f.read_bytes() for f in files))
 
-
-def _weights_digest(model_dir: Path) -> str:
-    return _digest(*(f.read_bytes() for f in sorted(model_dir.glob("*.safetensors"))))
-
-
-def _digest(*parts: str | bytes) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode() if isinstance(part, str) else part)
-        h.update(b"\0")
-    return h.hexdigest()[:16]
