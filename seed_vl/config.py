@@ -211,6 +211,7 @@ class WarmstartConfig(Section):
     # copying its move, what following a skill needs; 0 = none. Cached in `<base_model>-lookup/`.
     lookup_steps: int = Field(0, ge=0)
     lookup_drills: int = Field(0, ge=0)  # lookup documents as chat examples mixed into the SFT
+    freeze_attention: bool = False  # SFT leaves the decoder's attention (where the lookup lives) as it is
     out_dir: str = ".cache/warmstart-vl"  # model/ and warmstart.json; reused while the settings match
     envs: list[str] = ["sokoban_visual", "ezpoints_visual"]  # all visual (VL model) or all text
     seed: int = 0  # demonstrations, shuffling, evaluation sampling

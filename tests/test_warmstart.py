@@ -7,6 +7,8 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from seed_vl.analyzer import parse_analysis
 from seed_vl.config import ConfigError, load_config
@@ -168,6 +170,16 @@ def test_lookup_pretraining_comes_first_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(lookup_pretraining, "train_lookup", lambda *a, **k: pytest.fail("retrained"))
     assert warmstart.ensure_base_model(config) == base
     assert warmstart.warmstart_key(config) != warmstart.warmstart_key(tiny_budget(tmp_path))
+
+
+def test_frozen_attention_leaves_the_decoders_attention_untouched(tmp_path):
+    config = tiny_budget(tmp_path, "warmstart.freeze_attention=true", "warmstart.envs=[sokoban_visual]")
+    trained = load_file(warmstart.run_warmstart(config) / "model.safetensors")
+    base = load_file(tmp_path / "tiny-vl" / "model.safetensors")
+    attention = [n for n in base if ".self_attn." in n and "visual" not in n]
+    mlp = [n for n in base if ".mlp." in n and "visual" not in n]
+    assert attention and all(torch.equal(base[n], trained[n]) for n in attention)
+    assert all(not torch.equal(base[n], trained[n]) for n in mlp)
 
 
 def test_terse_response_keeps_the_last_sentence_and_the_action():

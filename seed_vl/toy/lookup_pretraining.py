@@ -11,7 +11,9 @@ SFT as chat examples. A stand-in for pretraining, not part of SEED; Sokoban's mo
 Measured on the Sokoban recipe: 600 steps (5 minutes) take the move accuracy from 25% (chance) to 98%,
 but the warm start's SFT unlearns it (14% afterwards). With 1,200 drills in the SFT the self-analyzer's
 skills quote the winning route for 4 of 6 won held-out episodes (none without), yet the policy still
-ignores a skill (15.6% success with none, the correct or a wrong one). Both are off in the recipes.
+ignores a skill (15.6% success with none, the correct or a wrong one). With `warmstart.freeze_attention`
+too, the lookup survives the SFT (86%) and the base reads skills: 15.6% success with no skill, 50.0% with
+the correct one, 18.8% with a wrong one. All three are off in the recipes until the reproduction is re-run.
 
 `lookup_pretrained` caches its result beside the base model, keyed by the settings, the base weights and
 this file; `scripts/lookup_probe.py` runs `train_lookup` on any model.

@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import BaseModel
 
 import seed_vl
@@ -77,6 +78,8 @@ def run_warmstart(config: Config) -> Path:
     start = time.perf_counter()
     model = config.model.model_copy(update={"freeze_vision_tower": not ws.train_vision_tower})
     policy = Policy.from_config(model, path=base, seed=ws.seed)
+    if ws.freeze_attention:
+        freeze_decoder_attention(policy.model)
     envs = [env_config(config, name) for name in ws.envs]
     demonstrations, analysis = warmstart_examples(config, envs, policy.image_settings)
     losses: list[float] = []
@@ -138,6 +141,14 @@ def warmstart_examples(
     rng = random.Random(derive_seed(_LOOKUP_STREAM, ws.seed))
     demonstrations += [lookup_drill(rng) for _ in range(ws.lookup_drills)]
     return demonstrations, analysis
+
+
+def freeze_decoder_attention(model: torch.nn.Module) -> None:
+    """Exclude the language model's attention weights from training: the SFT then builds on the retrieval
+    that lookup pretraining put there instead of overwriting it (the MLPs, embeddings and tower still learn)."""
+    for name, param in model.named_parameters():
+        if ".self_attn." in name and "visual" not in name:
+            param.requires_grad_(False)
 
 
 def loss_curve(losses: list[float], points: int = 10) -> list[float]:
