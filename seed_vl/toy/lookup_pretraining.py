@@ -28,16 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForImageTextToText,
-    AutoProcessor,
-    PreTrainedModel,
-)
+from transformers import PreTrainedModel
 
 from seed_vl.envs.base import step_route
 from seed_vl.io import atomic_directory, atomic_write_text, content_digest, weights_digest
+from seed_vl.policy import Policy
 from seed_vl.sft import SFTExample
 from seed_vl.skills import skill_block
 from seed_vl.tracking import Phase
@@ -80,8 +75,8 @@ def _route_skill(route: list[str]) -> str:
     return f"Winning order: {step_route(route)}."
 
 
-def lookup_accuracy_step(
-    model: PreTrainedModel, tokenizer: Any, rng: random.Random, batch_size: int, with_grad: bool
+def _lookup_batch(
+    model: PreTrainedModel, tokenizer: Any, rng: random.Random, batch_size: int
 ) -> tuple[torch.Tensor, int, int]:
     """One batch of fresh documents: (mean loss on the moves, moves predicted right, moves)."""
     docs = [lookup_document(tokenizer, rng) for _ in range(batch_size)]
@@ -92,12 +87,11 @@ def lookup_accuracy_step(
     labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in docs], device=device)
     attention_mask = (torch.arange(width, device=device)[None] < torch.tensor(
         [len(ids) for ids, _ in docs], device=device)[:, None]).long()
-    with torch.set_grad_enabled(with_grad):
-        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
-        targets = labels[:, 1:]
-        keep = targets != -100
-        logits = model.lm_head(hidden[keep])  # the moves' positions only: a tenth of the tokens
-        loss = torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    keep = targets != -100
+    logits = model.lm_head(hidden[keep])  # the moves' positions only: a tenth of the tokens
+    loss = torch.nn.functional.cross_entropy(logits.float(), targets[keep])
     correct = int((logits.argmax(-1) == targets[keep]).sum())
     return loss, correct, int(keep.sum())
 
@@ -114,7 +108,7 @@ def train_lookup(
     curve, correct, total = [], 0, 0
     with Phase("warm start: lookup pretraining", steps, "steps", enabled=show_progress) as bar:
         for step in range(1, steps + 1):
-            loss, right, count = lookup_accuracy_step(model, tokenizer, rng, batch_size, with_grad=True)
+            loss, right, count = _lookup_batch(model, tokenizer, rng, batch_size)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -130,7 +124,7 @@ def train_lookup(
     return curve
 
 
-def lookup_pretrained(base: Path, steps: int, *, seed: int, show_progress: bool = True) -> Path:
+def lookup_pretrained(base: Path, steps: int, *, seed: int, device: str = "auto", show_progress: bool = True) -> Path:
     """`base` after `steps` of lookup pretraining, in `<base>-lookup/` (reused while its key matches)."""
     out_dir = base.with_name(f"{base.name}-lookup")
     settings = json.dumps({"steps": steps, "seed": seed, "lr": LR, "batch_size": BATCH_SIZE})
@@ -138,14 +132,9 @@ def lookup_pretrained(base: Path, steps: int, *, seed: int, show_progress: bool 
     summary = out_dir / SUMMARY_FILE
     if summary.is_file() and json.loads(summary.read_text()).get("key") == key:
         return out_dir
-    is_vision = hasattr(AutoConfig.from_pretrained(base), "vision_config")
-    model_class = AutoModelForImageTextToText if is_vision else AutoModelForCausalLM
-    model = model_class.from_pretrained(base, dtype=torch.float32)
-    processor = AutoProcessor.from_pretrained(base)  # the tokenizer itself for a text-only model
-    tokenizer = getattr(processor, "tokenizer", processor)
-    curve = train_lookup(model, tokenizer, steps, seed=seed, show_progress=show_progress)
+    policy = Policy.from_pretrained(base, device=device, seed=seed)
+    curve = train_lookup(policy.model, policy.tokenizer, steps, seed=seed, show_progress=show_progress)
     with atomic_directory(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
+        policy.save_pretrained(tmp)
         atomic_write_text(tmp / SUMMARY_FILE, json.dumps({"key": key, "steps": steps, "move_accuracy": curve}) + "\n")
     return out_dir

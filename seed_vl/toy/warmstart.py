@@ -166,7 +166,9 @@ def ensure_base_model(config: Config) -> Path:
     if not (base / "config.json").is_file() or built_by_another_version(base):
         build_tiny_model(base, text_only=ws.text_only, seed=ws.tiny_model_seed)
     if ws.lookup_steps:
-        return lookup_pretrained(base, ws.lookup_steps, seed=ws.seed, show_progress=config.logging.progress)
+        return lookup_pretrained(
+            base, ws.lookup_steps, seed=ws.seed, device=config.model.device, show_progress=config.logging.progress
+        )
     return base
 
 
