@@ -3,6 +3,8 @@
     python benchmarks/bench_step.py [--json] [--tasks 8] [--group 4]
     python benchmarks/bench_step.py --config configs/tiny/sokoban_visual.yaml   # the demo's warm-started model:
                                                                               # real answers and real skills
+    python benchmarks/bench_step.py --config configs/tiny/sokoban_visual.yaml --model DIR \
+        rollout.history_window=episode                                        # key=value overrides
 
 Visual Sokoban, 8 tasks x group 4 by default. Both presets start from the same weights and learn from the
 same trajectories (collected once); each phase's seconds are reported and the SEED/GRPO step-time ratio,
@@ -35,6 +37,7 @@ def main() -> None:
     parser.add_argument("--config", help="a recipe whose environment, rollout and analyzer settings to use "
                         "(e.g. configs/tiny/sokoban_visual.yaml, with its warm-started model)")
     parser.add_argument("--model", help="model directory (default: the recipe's, else the untrained tiny model)")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides, applied last")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
@@ -54,7 +57,9 @@ def main() -> None:
         results = {}
         trajectories = None
         for preset in ("grpo", "seed"):
-            config = load_config(args.config, [*overrides, f"algorithm.preset={preset}", f"train.run_name={preset}"])
+            config = load_config(
+                args.config, [*overrides, *args.overrides, f"algorithm.preset={preset}", f"train.run_name={preset}"]
+            )
             trainer = Trainer(config)
             if trajectories is None:
                 trajectories = trainer.rollout(step=1)

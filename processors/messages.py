@@ -1,9 +1,13 @@
-"""Observation + history -> chat messages (a system and a user message).
+"""Observation + history -> chat messages.
 
-The user message reads: header (with the task line), the last K turns (each turn's frames - or its text
-when it has none - and what the agent did), the current observation, the admissible actions and the answer
-instruction. With frames its content is a list of text and `{"type": "image", "image": PIL.Image}` items;
-without, it is one string, which every chat template (text-only tokenizers included) accepts.
+Windowed (`history_window` K, the paper's mode): a system and a user message. The user message reads: header
+(with the task line), the last K turns (each turn's frames - or its text when it has none - and what the
+agent did), the current observation, the admissible actions and the answer instruction.
+Episode (`history_window="episode"`): one chat over the whole episode. The first user message holds the
+header and the first observation, each answer is an assistant message, and each later user message says what
+the previous action earned and shows the next observation; each turn's context extends the previous turn's
+context and answer. With frames a message's content is a list of text and `{"type": "image", "image":
+PIL.Image}` items; without, it is one string, which every chat template (text-only tokenizers) accepts.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class HistoryTurn:
     action: str | None  # parsed action, None when the response did not parse
     valid: bool
     reward: float
+    admissible_actions: Sequence[str] = ()  # as listed at that turn (an episode-mode context shows them again)
 
 
 def build_messages(
@@ -35,11 +40,14 @@ def build_messages(
     obs: Observation,
     info: dict[str, Any],
     history: Sequence[HistoryTurn],
-    history_window: int,
+    history_window: int | str,
     image_settings: ImageSettings | None = None,
 ) -> list[dict[str, Any]]:
     """The context for the next turn; `history` is the whole episode so far, the last `history_window`
-    turns are shown. `image_settings` resizes every frame to the model's pixel budget (None: as given)."""
+    turns are shown (or all, as chat turns: "episode"). `image_settings` resizes every frame to the model's
+    pixel budget (None: as given)."""
+    if history_window == "episode":
+        return _episode_messages(env_name, obs, info, history, image_settings)
     content = _Content(image_settings)
     content.add_text(prompts.header(env_name, info["task"]))
     shown = list(history[max(0, len(history) - history_window) :])
@@ -59,6 +67,31 @@ def build_messages(
         {"role": "system", "content": prompts.SYSTEM_PROMPT},
         {"role": "user", "content": content.finish()},
     ]
+
+
+def _episode_messages(
+    env_name: str,
+    obs: Observation,
+    info: dict[str, Any],
+    history: Sequence[HistoryTurn],
+    image_settings: ImageSettings | None,
+) -> list[dict[str, Any]]:
+    shown = [(turn.observation, turn.admissible_actions) for turn in history]
+    shown.append((obs, info["admissible_actions"]))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": prompts.SYSTEM_PROMPT}]
+    for step, (observation, admissible) in enumerate(shown, start=1):
+        content = _Content(image_settings)
+        if step == 1:
+            content.add_text(prompts.header(env_name, info["task"]), "")
+        else:
+            turn = history[step - 2]
+            messages.append({"role": "assistant", "content": turn.response})
+            content.add_text(prompts.outcome_line(step - 1, turn.action, turn.valid, turn.reward), "")
+        content.add_text(prompts.current_heading(step))
+        content.add_images(observation["images"])
+        content.add_text(observation["text"], prompts.footer(admissible))
+        messages.append({"role": "user", "content": content.finish()})
+    return messages
 
 
 class _Content:

@@ -87,10 +87,20 @@ class EnvConfig(Section):
 class RolloutConfig(Section):
     num_tasks: int = Field(4, ge=1)  # tasks (groups) per update step
     group_size: int = Field(8, ge=1)
-    history_window: int = Field(2, ge=0)  # K previous turns shown in the context
+    # K previous turns shown in one user message (the paper's mode), or "episode": the whole episode as one
+    # multi-turn chat, each turn's context the previous one's plus its answer and the next observation, so
+    # that scoring packs an episode's turns into one sequence (`Policy.score`). For short episodes only.
+    history_window: int | Literal["episode"] = 2
     max_new_tokens: int = Field(64, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+    @field_validator("history_window", mode="before")
+    @classmethod
+    def _turns_or_episode(cls, value: Any) -> Any:
+        if value == "episode" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        raise ValueError("expected a number of turns >= 0 or 'episode'")
 
 
 class AnalyzerConfig(Section):

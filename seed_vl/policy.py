@@ -520,33 +520,44 @@ class Policy:
         return_entropy: bool,
         temperature: float,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        # Left padding lines every sequence up at the right end, so the logits of all response tokens lie
-        # in the last max(len(response)) + 1 positions and only those go through the LM head.
-        batch = self._encode_prompts(contexts, responses)
-        longest = max(len(r) for r in responses)
+        # Consecutive samples whose context continues the previous one's context and response (an
+        # episode-mode episode) share one row: one forward over the episode's sequence serves all its turns.
+        # Left padding lines every row up at the right end; only positions from the first response token
+        # on go through the LM head (a 1-D index of them when rows are packed).
+        prompts, images, fresh_pixels = self._encode_contexts(contexts)
+        chains = _prefix_chains(prompts, responses)
+        batch = self._batch(
+            [prompts[c[-1]] for c in chains], images, fresh_pixels, [responses[c[-1]] for c in chains]
+        )
         inputs = self._model_inputs(batch, with_grad=with_grad)
         if not batch.image_keys:  # positions skip the left padding (with images, M-RoPE's own index does)
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-        with self.autocast():
-            output = self._forward_module(**inputs, use_cache=False, logits_to_keep=longest + 1)
-        log_probs = torch.log_softmax(output.logits[:, :-1].float() / temperature, dim=-1)
-        targets = inputs["input_ids"][:, inputs["input_ids"].shape[1] - longest :]
-        token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        token_entropies = -(log_probs.exp() * log_probs).sum(-1) if return_entropy else None
-        lengths = [len(r) for r in responses]
-        logprobs = [token_logprobs[k, longest - n :] for k, n in enumerate(lengths)]
-        entropies = (
-            [token_entropies[k, longest - n :] for k, n in enumerate(lengths)] if return_entropy else None
+        width = inputs["input_ids"].shape[1]
+        # Per sample: its row and the positions of the logits that predict its response tokens.
+        spans = []
+        for row, chain in enumerate(chains):
+            pad = width - len(prompts[chain[-1]].input_ids) - len(responses[chain[-1]])
+            spans += [(row, pad + len(prompts[i].input_ids) - 1, len(responses[i])) for i in chain]
+        packed = len(chains) < len(contexts)
+        first = min(start for _, start, _ in spans)
+        keep = (
+            torch.tensor(sorted({start + j for _, start, n in spans for j in range(n)}), device=self.device)
+            if packed
+            else width - first  # the last positions, as many as the longest response (+1: see the shift)
         )
-        return logprobs, entropies
-
-    def _encode_prompts(
-        self, contexts: Sequence[Context], responses: Sequence[list[int]] | None = None
-    ) -> _EncodedBatch:
-        """Contexts (each followed by its response, if given) as one left-padded batch; each context is
-        templated and processed once (`PromptCache`), response tokens are text (modality type 0)."""
-        prompts, images, fresh_pixels = self._encode_contexts(contexts)
-        return self._batch(prompts, images, fresh_pixels, responses)
+        with self.autocast():
+            output = self._forward_module(**inputs, use_cache=False, logits_to_keep=keep)
+        log_probs = torch.log_softmax(output.logits.float() / temperature, dim=-1)
+        kept = keep if packed else torch.arange(first, width, device=self.device)
+        logprobs, entropies = [], []
+        for (row, start, n), response in zip(spans, responses, strict=True):  # chains keep the samples' order
+            where = torch.searchsorted(kept, torch.arange(start, start + n, device=self.device))
+            predicted = log_probs[row, where]
+            targets = torch.tensor(response, device=self.device)
+            logprobs.append(predicted.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+            if return_entropy:
+                entropies.append(-(predicted.exp() * predicted).sum(-1))
+        return logprobs, entropies if return_entropy else None
 
     def _encode_contexts(
         self, contexts: Sequence[Context]
@@ -659,6 +670,25 @@ class Policy:
             ImageEncoding(embeds, tuple(layer[i] for layer in deepstack))
             for i, embeds in enumerate(output.pooler_output)
         ]
+
+
+def _prefix_chains(prompts: Sequence[EncodedPrompt], responses: Sequence[list[int]]) -> list[list[int]]:
+    """Indices grouped into runs of consecutive samples in which each context's encoding starts with the
+    previous sample's context and response, images included: each run is one sequence to score."""
+    chains: list[list[int]] = []
+    for i, prompt in enumerate(prompts):
+        if chains:
+            last = prompts[chains[-1][-1]]
+            before = last.input_ids + responses[chains[-1][-1]]
+            if (
+                len(prompt.input_ids) > len(before)
+                and prompt.input_ids[: len(before)] == before
+                and prompt.image_keys[: len(last.image_keys)] == last.image_keys
+            ):
+                chains[-1].append(i)
+                continue
+        chains.append([i])
+    return chains
 
 
 def _texts_of(context: Context) -> list[str]:

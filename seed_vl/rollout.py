@@ -172,7 +172,8 @@ def play_episodes(
             )
             histories[i].append(
                 HistoryTurn(
-                    observation=observations[i], response=gen.text, action=action, valid=valid, reward=reward
+                    observation=observations[i], response=gen.text, action=action, valid=valid, reward=reward,
+                    admissible_actions=infos[i]["admissible_actions"],
                 )
             )
             observations[i], infos[i] = obs, info

@@ -52,6 +52,7 @@ class ActionSample:
     turn: Turn
     advantage: float
     skill: str | None
+    episode: int = 0  # its trajectory's index in the batch
     old_logprobs: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
@@ -272,7 +273,7 @@ class Trainer:
             torch.tensor(returns), torch.tensor([t.group_id for t in trajectories]), eps=a.adv_eps
         ).tolist()
         return [
-            ActionSample(turn, advantages[i], traj.skill)
+            ActionSample(turn, advantages[i], traj.skill, episode=i)
             for i, traj in enumerate(trajectories)
             for turn in traj.turns
             if turn.response_ids
@@ -353,7 +354,7 @@ class Trainer:
         num_minibatches = int(runtime.reduce_max(math.ceil(len(samples) / mb)))
         totals: dict[str, float] = {}
         for _ in range(cfg.train.ppo_epochs):
-            order = torch.randperm(len(samples), generator=generator).tolist()
+            order = self._minibatch_order(samples, generator)
             for k in range(num_minibatches):
                 batch = order[k * mb : (k + 1) * mb]
                 loss_sum, stats = self._accumulate_gradients([samples[i] for i in batch], filler=samples[:1])
@@ -378,6 +379,17 @@ class Trainer:
         if "grad_norm" in totals:
             pairs["grad_norm"] = (totals["grad_norm"], steps)
         return runtime.reduce_mean_pairs(pairs)
+
+    def _minibatch_order(self, samples: list[ActionSample], generator: torch.Generator) -> list[int]:
+        """A random order of the samples; in episode mode of whole episodes, each in turn order, so that
+        a micro-batch scores an episode's turns as one sequence."""
+        if self.config.rollout.history_window != "episode":
+            return torch.randperm(len(samples), generator=generator).tolist()
+        episodes: dict[int, list[int]] = {}
+        for k, sample in enumerate(samples):
+            episodes.setdefault(sample.episode, []).append(k)
+        blocks = list(episodes.values())
+        return [k for b in torch.randperm(len(blocks), generator=generator).tolist() for k in blocks[b]]
 
     def _accumulate_gradients(
         self, batch: list[ActionSample], filler: list[ActionSample]

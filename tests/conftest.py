@@ -30,3 +30,19 @@ def tiny_text_path(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("tiny-text")
     build_tiny_model(out, text_only=True, seed=0)
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def vl_policy(tiny_vl_path):
+    """The tiny VL model loaded through `Policy.from_pretrained`, one per test module."""
+    from seed_vl.policy import Policy
+
+    return Policy.from_pretrained(tiny_vl_path, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def text_policy(tiny_text_path):
+    """The tiny text-only model loaded through `Policy.from_pretrained`, one per test module."""
+    from seed_vl.policy import Policy
+
+    return Policy.from_pretrained(tiny_text_path, device="cpu")

@@ -22,16 +22,6 @@ def _text_context(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-@pytest.fixture(scope="module")
-def vl_policy(tiny_vl_path) -> Policy:
-    return Policy.from_pretrained(tiny_vl_path, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def text_policy(tiny_text_path) -> Policy:
-    return Policy.from_pretrained(tiny_text_path, device="cpu")
-
-
 def _plain_logprobs(policy: Policy, context: list[dict], response: list[int]) -> torch.Tensor:
     """Reference: the model's own forward over the processor's own chat-template tokenization."""
     inputs = policy.processor.apply_chat_template(

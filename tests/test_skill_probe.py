@@ -17,7 +17,8 @@ from seed_vl.envs import sokoban
 from seed_vl.envs.base import step_route
 from seed_vl.policy import Policy
 from seed_vl.toy.lookup_pretraining import lookup_document, lookup_drill
-from seed_vl.toy.skill_probe import correct_skills, measure_skill_following
+from seed_vl.toy.skill_probe import correct_skills, hindsight_skills, measure_skill_following
+from seed_vl.trajectory import Trajectory, Turn
 
 
 def test_correct_skills_name_the_solver_route_of_their_own_task():
@@ -27,6 +28,18 @@ def test_correct_skills_name_the_solver_route_of_their_own_task():
     for seed in seeds:
         assert step_route(sokoban.solve(sokoban.generate_room(seed))) in skills[seed]
     assert len(set(skills.values())) == 3
+
+
+def test_hindsight_skills_describe_each_episode_s_own_moves():
+    env = EnvConfig(name="sokoban_text")
+    route = sokoban.solve(sokoban.generate_room(1000))
+    won, lost = (
+        Trajectory("sokoban_text", 1000, "", 0, won=w, turns=[Turn([], "", [], m, True, 0.0) for m in moves])
+        for w, moves in ((True, route), (False, route[:1]))
+    )
+    won_skill, lost_skill = hindsight_skills(env, [won, lost], seed=0)
+    assert step_route(route) in won_skill  # the moves it took
+    assert "1 moves did not finish" in lost_skill or "Ran out of moves after 1 steps" in lost_skill
 
 
 def test_probe_reports_every_condition_on_the_tiny_model(tiny_vl_path):

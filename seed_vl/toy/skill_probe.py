@@ -3,10 +3,11 @@
 On held-out tasks the policy plays three times: with no skill in its context (as deployed), with the correct
 skill (the scripted analyzer's hindsight of the solver's winning episode on that very task, the kind of skill
 a won group member hands its group), and with a wrong one (the correct skill of another task). On the
-no-skill episodes, every move token (inside `<action>`) is then scored with and without the correct skill:
-the teacher-student gap `l_skill - l_old` and the gate `sigmoid(beta * gap)` SEED would apply, averaged over
-won and over lost episodes. A policy that reads skills wins more with the correct one, not with the wrong
-one, and its gap is positive where the skill names the move it took.
+no-skill episodes, every move token (inside `<action>`) is then scored with and without the episode's own
+scripted hindsight skill (what SEED's teacher sees with the scripted analyzer): the teacher-student gap
+`l_skill - l_old` and the gate `sigmoid(beta * gap)` SEED would apply, averaged over won and over lost
+episodes. A policy that reads skills wins more with the correct one, not with the wrong one, and its gap is
+positive on won episodes, whose skill names the moves they took.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def measure_skill_following(policy: Policy, config: Config, env: EnvConfig, num_
         played[condition] = episodes
     for outcome in ("won", "lost"):
         episodes = [e for e in played["none"] if e.won == (outcome == "won")]
-        gaps = torch.tensor(move_token_gaps(policy, episodes, skills, temperature=sampling.temperature))
+        own = hindsight_skills(env, episodes, seed=config.warmstart.seed)
+        gaps = torch.tensor(move_token_gaps(policy, episodes, own, temperature=sampling.temperature))
         gates = opd_gate(torch.zeros_like(gaps), gaps, config.algorithm.gate_beta)
         metrics[f"gap/{outcome}"] = gaps.mean().item() if len(gaps) else math.nan
         metrics[f"gate/{outcome}"] = gates.mean().item() if len(gaps) else math.nan
@@ -60,6 +62,15 @@ def correct_skills(env: EnvConfig, seeds: list[int]) -> dict[int, str]:
         rng = random.Random(derive_seed(_PROBE_STREAM, seed))
         skills[seed] = game.hindsight(seed, solver_plan(game, seed, rng) or [], rng)["episode_skill"]
     return skills
+
+
+def hindsight_skills(env: EnvConfig, episodes: list[Trajectory], *, seed: int) -> list[str]:
+    """Each episode's scripted hindsight skill of its own actions."""
+    game = make_env(env)
+    return [
+        game.hindsight(e.seed, e.actions, random.Random(derive_seed(seed, _PROBE_STREAM, e.seed)))["episode_skill"]
+        for e in episodes
+    ]
 
 
 def play_with_skills(
@@ -86,10 +97,11 @@ def play_with_skills(
 
 @torch.no_grad()
 def move_token_gaps(
-    policy: Policy, episodes: list[Trajectory], skills: dict[int, str], temperature: float
+    policy: Policy, episodes: list[Trajectory], skills: list[str], temperature: float
 ) -> list[float]:
-    """`l_skill - l_old` of every move token (inside `<action>`) the policy sampled in `episodes`."""
-    turns = [(turn, skills[e.seed]) for e in episodes for turn in e.turns if turn.response_ids]
+    """`l_skill - l_old` of every move token (inside `<action>`) the policy sampled in `episodes`, each
+    scored with and without its episode's skill."""
+    turns = [(turn, skill) for e, skill in zip(episodes, skills, strict=True) for turn in e.turns if turn.response_ids]
     if not turns:
         return []
     responses = [turn.response_ids for turn, _ in turns]

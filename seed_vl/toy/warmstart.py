@@ -134,7 +134,10 @@ def warmstart_examples(
                 skill_fraction=ws.demo_skill_fraction,
                 rng=random.Random(derive_seed(_DEMO_STREAM, ws.seed, index)),
             )
-            demonstrations += [replace(turn, response=terse_response(turn.response)) for turn in turns]
+            demonstrations += [
+                replace(turn, context=terse_answers(turn.context), response=terse_response(turn.response))
+                for turn in turns
+            ]
             rng = random.Random(derive_seed(_ANALYZER_STREAM, ws.seed, index))
             analysis += analyzer_examples(config, env, ws.analyzer_episodes, images, rng)
             bar.update()
@@ -229,6 +232,12 @@ def terse_response(response: str) -> str:
         return response
     last = _SENTENCE_END.split(match["think"].strip())[-1]
     return f"<think>{last}</think>{match['action']}"
+
+
+def terse_answers(context: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The context with its earlier answers (episode mode's assistant messages) made terse, as the policy
+    learns to write them."""
+    return [{**m, "content": terse_response(m["content"])} if m["role"] == "assistant" else m for m in context]
 
 
 # ----------------------------------------------------------------------------------------- analyzer pairs
