@@ -28,6 +28,8 @@ def reduced_demo(tmp: Path) -> list[str]:
         "warmstart.demonstrations=2",
         "warmstart.analyzer_episodes=2",
         "warmstart.epochs=1",
+        "warmstart.lookup_steps=2",
+        "warmstart.lookup_drills=2",
         "env.max_steps=5",
         "rollout.num_tasks=1",
         "rollout.group_size=2",
