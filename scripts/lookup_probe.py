@@ -6,7 +6,9 @@ Trains a copy of the model (nothing is saved) on the warm start's lookup-pretrai
 (seed_vl/toy/lookup_pretraining.py): a route in a skill block ("step 1 up, step 2 left, ...") followed by
 lookups in the policy's answer format ("<think>I push the box at step 2</think><action>left</action>"), the
 loss on the looked-up move only. Prints the move accuracy every 100 steps: 25% is chance (four moves); a
-model that has learned the lookup approaches 100%.
+model that has learned the lookup approaches 100%. `--steps 0` only measures it, e.g. on a warm-started model:
+
+    python scripts/lookup_probe.py --model runs/reproduce-quick/warmstart/model --steps 0
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from seed_vl.toy.lookup_pretraining import BATCH_SIZE, LR, MOVES, train_lookup
+from seed_vl.toy.lookup_pretraining import BATCH_SIZE, LR, MOVES, lookup_accuracy, train_lookup
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="an HF image-text-to-text model directory")
-    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--steps", type=int, default=800, help="0: measure the accuracy only, no training")
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--batch", type=int, default=BATCH_SIZE)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.steps < 0:
+        parser.error(f"--steps: must be >= 0, got {args.steps}")
     if not (Path(args.model) / "config.json").is_file():
         parser.error(f"--model: no model at {args.model} (run `seed-vl warmstart --config RECIPE` first)")
 
@@ -38,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(tokenizer.encode(move, add_special_tokens=False)) != 1:
             parser.error(f"--model: the tokenizer splits the move '{move}'; the probe needs one token per move")
     model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32)
+    if args.steps == 0:
+        print(f"move accuracy {lookup_accuracy(model, tokenizer, seed=args.seed):.3f} (chance 0.250), no training")
+        return 0
     start = time.perf_counter()
     train_lookup(
         model, tokenizer, args.steps, seed=args.seed, lr=args.lr, batch_size=args.batch, show_progress=False,

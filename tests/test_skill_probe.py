@@ -89,6 +89,12 @@ def test_lookup_probe_trains_and_reports_accuracy(tiny_vl_path, tmp_path, capsys
     probe = _lookup_probe()
     assert probe.main(["--model", tiny_vl_path, "--steps", "2", "--batch", "2"]) == 0
     assert "move accuracy" in capsys.readouterr().out
+    assert probe.main(["--model", tiny_vl_path, "--steps", "0"]) == 0
+    measured = re.search(r"move accuracy ([\d.]+) \(chance 0.250\), no training", capsys.readouterr().out)
+    assert measured and 0.0 <= float(measured[1]) <= 1.0
+    with pytest.raises(SystemExit) as exit_info:
+        probe.main(["--model", tiny_vl_path, "--steps", "-1"])
+    assert exit_info.value.code == 2 and "--steps: must be >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         probe.main(["--model", str(tmp_path / "missing")])
     assert exit_info.value.code == 2 and "--model: no model at" in capsys.readouterr().err

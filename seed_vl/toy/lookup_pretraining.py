@@ -9,11 +9,11 @@ format, the loss on the looked-up moves only); `warmstart.lookup_drills` mixes t
 SFT as chat examples. A stand-in for pretraining, not part of SEED; Sokoban's moves only.
 
 Measured on the Sokoban recipe: 600 steps (5 minutes) take the move accuracy from 25% (chance) to 98%,
-but the warm start's SFT unlearns it (14% afterwards). With 1,200 drills in the SFT the self-analyzer's
+but the warm start's SFT unlearns it (16-26% afterwards, `lookup_accuracy`). With 1,200 drills in the SFT the self-analyzer's
 skills quote the winning route for 4 of 6 won held-out episodes (none without), yet the policy still
 ignores a skill (15.6% success with none, the correct or a wrong one). With `warmstart.freeze_attention`
 too, the lookup survives the SFT (86%) and the base reads skills: 15.6% success with no skill, 50.0% with
-the correct one, 18.8% with a wrong one. All three are off in the recipes until the reproduction is re-run.
+the correct one, 18.8% with a wrong one. The Sokoban recipe turns all three on.
 
 `lookup_pretrained` caches its result beside the base model, keyed by the settings, the base weights and
 this file; `scripts/lookup_probe.py` runs `train_lookup` on any model.
@@ -122,6 +122,16 @@ def train_lookup(
                 correct = total = 0
     model.eval()
     return curve
+
+
+@torch.no_grad()
+def lookup_accuracy(model: PreTrainedModel, tokenizer: Any, *, batches: int = 8, seed: int = 123) -> float:
+    """The share of looked-up moves the model gets right on `batches` batches of fresh documents (no training):
+    whether a model still holds the lookup, e.g. after the warm start's SFT."""
+    rng = random.Random(seed)
+    model.eval()
+    counts = [_lookup_batch(model, tokenizer, rng, BATCH_SIZE)[1:] for _ in range(batches)]
+    return sum(right for right, _ in counts) / sum(total for _, total in counts)
 
 
 def lookup_pretrained(base: Path, steps: int, *, seed: int, device: str = "auto", show_progress: bool = True) -> Path:
