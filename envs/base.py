@@ -86,10 +86,12 @@ def run_length(moves: Sequence[str]) -> str:
     return ", ".join(m if n == 1 else f"{m} x{n}" for m, n in runs)
 
 
-def step_route(moves: Sequence[str]) -> str:
+def step_route(moves: Sequence[str | None]) -> str:
     """'up, left, left' -> 'step 1 up, step 2 left, step 3 left': each move under the number its turn's
-    observation heading shows ("Current observation (step 2)"), so a policy can follow a route step by step."""
-    return ", ".join(f"step {k} {move}" for k, move in enumerate(moves, 1))
+    observation heading shows ("Current observation (step 2)"), so a policy can follow a route step by step.
+    A turn without a valid move (None) keeps its number and is left out: [up, None, left] -> 'step 1 up,
+    step 3 left', so the later steps still match their headings."""
+    return ", ".join(f"step {k} {move}" for k, move in enumerate(moves, 1) if move is not None)
 
 
 def step_list(steps: Sequence[int]) -> str:

@@ -363,7 +363,7 @@ class SokobanEnv(Env):
         start, moves = self.state, []
         for action in actions:
             _, _, terminated, truncated, info = self.step(action)
-            moves += [action] if info["action_valid"] else []
+            moves.append(action if info["action_valid"] else None)
             if terminated or truncated:
                 break
         if self.state.solved:
@@ -422,7 +422,7 @@ def sokoban_hindsight(start: SokobanState, trace: Sequence[SokobanTurn], rng: ra
     """A workflow skill for a solved room; otherwise an avoidance rule naming the mistake: the push that
     made the room unsolvable, else the moves wasted against walls, else invalid answers, else detours."""
     plan = solve(start)
-    moves = [t.action for t in trace if t.valid]
+    moves = [t.action if t.valid else None for t in trace]  # invalid turns keep their step numbers
     room = f"{start.shape[0]}x{start.shape[1]} room with {count(len(start.boxes), 'box', 'es')}"
     n, m = len(trace), len(plan)
     if trace and trace[-1].state.solved:

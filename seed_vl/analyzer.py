@@ -72,11 +72,11 @@ def build_analyzer_prompt(trajectory: Trajectory, *, with_images: bool, max_step
 
     Success is the environment's `won` flag. Each of the last `max_steps` steps in full: observation text,
     its frame(s) as image items (`with_images`, for vision models) or an `<image>` placeholder, the response
-    and whether its action was valid. Earlier steps, one line each with the action taken: the prompt stays
-    bounded, and a workflow skill can still name the whole winning order.
+    and whether its action was valid. Then every step's action on one line, in a route's own wording ("step
+    1 up, step 2 left, ..."): the prompt stays bounded, and a workflow skill names the whole winning order
+    by quoting it.
     """
     shown = trajectory.turns[-max_steps:]
-    earlier = trajectory.turns[: len(trajectory.turns) - len(shown)]
     content: list[dict[str, Any]] = []
     lines = [
         "You are reviewing a finished episode of an agent to write one hindsight skill for it.",
@@ -84,8 +84,7 @@ def build_analyzer_prompt(trajectory: Trajectory, *, with_images: bool, max_step
         f"Outcome: {'success' if trajectory.won else 'failure'} (return {trajectory.episode_return:.2f})",
         f"Steps: the last {len(shown)} of {trajectory.length} in full.",
     ]
-    lines += [f"Step {number}: {_action_line(turn)}" for number, turn in enumerate(earlier, start=1)]
-    first_step = len(earlier) + 1
+    first_step = trajectory.length - len(shown) + 1
     for number, turn in enumerate(shown, start=first_step):
         lines += [f"Step {number}:", f"Observation: {turn.observation_text}"]
         for image in turn.images:
@@ -97,6 +96,7 @@ def build_analyzer_prompt(trajectory: Trajectory, *, with_images: bool, max_step
                 lines.append(IMAGE_PLACEHOLDER)
         lines += [f"Response: {turn.response_text}", f"Action valid: {'yes' if turn.action_valid else 'no'}"]
     lines += [
+        f"Actions taken: {', '.join(_action_step(k, turn) for k, turn in enumerate(trajectory.turns, start=1))}",
         _INSTRUCTIONS[trajectory.won],
         "One short policy-facing skill, not a retrospective explanation.",
         f'Answer with JSON only: {{"{SUMMARY_KEY}": "<one sentence>", "{SKILL_KEY}": "<the skill>"}}',
@@ -107,10 +107,10 @@ def build_analyzer_prompt(trajectory: Trajectory, *, with_images: bool, max_step
     return [{"role": "user", "content": content}]
 
 
-def _action_line(turn: Turn) -> str:
+def _action_step(number: int, turn: Turn) -> str:
     if turn.action is None:
-        return "no action (the answer did not parse)"
-    return f"{turn.action}" if turn.action_valid else f"{turn.action} (invalid)"
+        return f"step {number} no action (the answer did not parse)"
+    return f"step {number} {turn.action}" + ("" if turn.action_valid else " (invalid)")
 
 
 def format_analysis(summary: str, skill: str) -> str:

@@ -290,8 +290,9 @@ def test_prompt_shows_task_outcome_and_last_steps():
     assert "Task: push the box" in text and "Outcome: failure" in text
     assert "avoidance rule" in text and "workflow" not in text
     assert "Step 3:\n" in text and "Step 5:\n" in text and "Step 1:\n" not in text
-    # Steps before the last three: one line each, the action taken (step 1's answer did not parse)
-    assert "Step 1: no action (the answer did not parse)\nStep 2: up\nStep 3:\n" in text
+    # Every step's action on one line, in a route's wording (step 1's answer did not parse)
+    assert "Actions taken: step 1 no action (the answer did not parse), step 2 up, step 3 up," in text
+    assert text.index("Step 5:\n") < text.index("Actions taken:") < text.index("avoidance rule")
     assert text.count(IMAGE_PLACEHOLDER) == 3
     assert text.count("Action valid: yes") == 3  # steps 3-5 were valid, step 1 (not shown) was not
     assert '"episode_summary"' in text and '"episode_skill"' in text

@@ -71,6 +71,17 @@ def test_routes_are_quoted_step_by_step():
     assert step_route([]) == ""
 
 
+def test_a_route_keeps_each_move_under_its_turns_step_number():
+    """A won episode with invalid answers at steps 2 and 3: the route leaves those turns out and numbers the
+    later moves by their turns, as the policy's observation headings do."""
+    plan = solve(start_state(2))
+    traj = played(SOKOBAN, 2, [plan[0], None, "jump", *plan[1:]])
+    route = step_route([plan[0], None, None, *plan[1:]])
+    assert traj.won and route.startswith(f"step 1 {plan[0]}, step 4 {plan[1]}, step 5 ")
+    assert route in analyze(traj, SOKOBAN)["episode_skill"]
+    assert make_env(SOKOBAN).hindsight_facts(2, traj.actions) == [route]
+
+
 def test_sokoban_success_gives_the_winning_route():
     plan = solve(start_state(4))
     traj = played(SOKOBAN, 4, plan)

@@ -16,8 +16,9 @@ from seed_vl.config import EnvConfig, load_config
 from seed_vl.envs import sokoban
 from seed_vl.envs.base import step_route
 from seed_vl.policy import Policy
+from seed_vl.toy import skill_probe
 from seed_vl.toy.lookup_pretraining import lookup_document, lookup_drill
-from seed_vl.toy.skill_probe import correct_skills, hindsight_skills, measure_skill_following
+from seed_vl.toy.skill_probe import correct_skills, hindsight_skills, measure_skill_following, move_token_gaps
 from seed_vl.trajectory import Trajectory, Turn
 
 
@@ -42,13 +43,22 @@ def test_hindsight_skills_describe_each_episode_s_own_moves():
     assert "1 moves did not finish" in lost_skill or "Ran out of moves after 1 steps" in lost_skill
 
 
-def test_probe_reports_every_condition_on_the_tiny_model(tiny_vl_path):
+def test_probe_reports_every_condition_on_the_tiny_model(tiny_vl_path, monkeypatch):
     config = load_config(None, [
         f"model.path={tiny_vl_path}", "model.device=cpu", "env.name=sokoban_visual", "env.cell_px=28",
         "env.max_steps=3", "rollout.max_new_tokens=6", "logging.progress=false",
+        "rollout.temperature=0.9", "eval.temperature=0.4",
     ])
     policy = Policy.from_config(config.model, trainable=False)
+    scored_at = []  # the gap is scored as the trainer scores: at the rollout temperature, not the eval's
+
+    def spy(*args, temperature):
+        scored_at.append(temperature)
+        return move_token_gaps(*args, temperature=temperature)
+
+    monkeypatch.setattr(skill_probe, "move_token_gaps", spy)
     metrics = measure_skill_following(policy, config, config.env, num_tasks=3)
+    assert scored_at == [0.9, 0.9]
     assert {f"success/{c}" for c in ("none", "correct", "wrong")} <= set(metrics)
     assert all(0.0 <= metrics[f"success/{c}"] <= 1.0 for c in ("none", "correct", "wrong"))
     for outcome in ("won", "lost"):

@@ -6,8 +6,10 @@ a won group member hands its group), and with a wrong one (the correct skill of 
 no-skill episodes, every move token (inside `<action>`) is then scored with and without the episode's own
 scripted hindsight skill (what SEED's teacher sees with the scripted analyzer): the teacher-student gap
 `l_skill - l_old` and the gate `sigmoid(beta * gap)` SEED would apply, averaged over won and over lost
-episodes. A policy that reads skills wins more with the correct one, not with the wrong one, and its gap is
-positive on won episodes, whose skill names the moves they took.
+episodes. Both are scored as the trainer scores, at the rollout temperature: at the evaluation's 0.4 the
+student's own sampled moves sit near log-prob 0, so the gap could only be negative. A policy that reads
+skills wins more with the correct one, not with the wrong one, and its gap is positive on won episodes,
+whose skill names the moves they took.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def measure_skill_following(policy: Policy, config: Config, env: EnvConfig, num_
     for outcome in ("won", "lost"):
         episodes = [e for e in played["none"] if e.won == (outcome == "won")]
         own = hindsight_skills(env, episodes, seed=config.warmstart.seed)
-        gaps = torch.tensor(move_token_gaps(policy, episodes, own, temperature=sampling.temperature))
+        gaps = torch.tensor(move_token_gaps(policy, episodes, own, temperature=config.rollout.temperature))
         gates = opd_gate(torch.zeros_like(gaps), gaps, config.algorithm.gate_beta)
         metrics[f"gap/{outcome}"] = gaps.mean().item() if len(gaps) else math.nan
         metrics[f"gate/{outcome}"] = gates.mean().item() if len(gaps) else math.nan
