@@ -7,7 +7,7 @@ no-skill episodes, every move token (inside `<action>`) is then scored with and 
 scripted hindsight skill (what SEED's teacher sees with the scripted analyzer): the teacher-student gap
 `l_skill - l_old` and the gate `sigmoid(beta * gap)` SEED would apply, averaged over won and over lost
 episodes. Both are scored as the trainer scores, at the rollout temperature: at the evaluation's 0.4 the
-student's own sampled moves sit near log-prob 0, so the gap could only be negative. A policy that reads
+student's own sampled moves sit near log-prob 0, so the gap can hardly be positive. A policy that reads
 skills wins more with the correct one, not with the wrong one, and its gap is positive on won episodes,
 whose skill names the moves they took.
 """
