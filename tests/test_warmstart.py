@@ -65,7 +65,10 @@ def test_builds_the_base_model_and_writes_model_and_summary(warm):
     assert set(summary["base"]) == {"sokoban_visual", "ezpoints_visual"}
     for rates in summary["base"].values():
         assert 0.0 <= rates["success_rate"] <= 1.0 and 0.0 <= rates["analyzer/valid"] <= 1.0
+        assert 0.0 <= rates["random_success_rate"] <= 1.0
         assert rates["episode_length"] >= 1
+    assert 0.0 <= summary["base"]["sokoban_visual"]["one_action/solved"] <= 1.0  # EZPoints has no such task
+    assert "one_action/solved" not in summary["base"]["ezpoints_visual"]
     assert summary["settings"]["warmstart"]["demonstrations"] == 2 and summary["wall_time_s"] > 0
     assert not list(model_dir.parent.parent.glob(".warmstart.*"))  # no temporary directory left behind
 

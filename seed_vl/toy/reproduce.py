@@ -199,6 +199,9 @@ def _base_measures(warmstart_dir: Path) -> dict[str, dict[str, float]]:
 
 # Precondition table columns: (heading, warm-start measure, format: a share in %, nats, a gate).
 _PRECONDITIONS = [
+    ("random policy", "random_success_rate", "%"),
+    ("one-move tasks", "one_action/solved", "%"),
+    ("top first move", "one_action/top_move", "%"),
     ("success, no skill", "skills/success/none", "%"),
     ("correct skill", "skills/success/correct", "%"),
     ("wrong skill", "skills/success/wrong", "%"),
@@ -214,7 +217,7 @@ _FORMATS = {"%": lambda v: f"{100 * v:.1f}", "nats": lambda v: f"{v:+.3f}", "gat
 
 
 def _precondition_lines(preconditions: dict[str, dict[str, float]]) -> list[str]:
-    """Does the base read a skill, and does its self-analyzer write usable ones (README: the warm start)."""
+    """Does the base see, read a skill, and does its self-analyzer write usable ones (README: the warm start)."""
     if not preconditions:
         return []
 
@@ -222,16 +225,19 @@ def _precondition_lines(preconditions: dict[str, dict[str, float]]) -> list[str]
         return "—" if value is None or math.isnan(value) else _FORMATS[kind](value)
 
     lines = [
-        "## Preconditions: does the base policy read skills and write them?",
+        "## Preconditions: does the base policy see, read skills and write them?",
         "",
-        "Measured by the warm start on the held-out evaluation tasks before any RL (`warmstart.json`). Success (%)",
-        "with no skill in context, with the correct skill (the scripted analyzer's for the solver's win on that",
-        "task) and with a wrong one (another task's); on the no-skill episodes, the mean teacher-student gap",
-        "`l_skill - l_old` (nats) and gate on move tokens (inside `<action>`) with each episode's own scripted",
-        "hindsight skill (what SEED's teacher sees), scored at the rollout temperature as the trainer scores, won",
-        "and lost episodes; and the",
-        "self-analyzer's skills on those episodes (%): usable, and agreeing with the scripted analyzer's content",
-        "(the winning order, or a correct solution).",
+        "Measured by the warm start on the held-out evaluation tasks before any RL (`warmstart.json`), in %",
+        "unless marked: the success of uniformly random admissible actions (the floor a base must clear to be",
+        "said to play); on held-out one-move tasks, how often the base's first move is the winning one (25%",
+        "is chance: does it see the frame?) and the share of its most frequent first move (a fixed",
+        "preference); success with no skill in context, with the correct skill (the",
+        "scripted analyzer's for the solver's win on that task) and with a wrong one (another task's); on the",
+        "no-skill episodes, the mean teacher-student gap `l_skill - l_old` (nats) and gate on move tokens",
+        "(inside `<action>`) with each episode's own scripted hindsight skill (what SEED's teacher sees), scored",
+        "at the rollout temperature as the trainer scores, won and lost episodes; and the self-analyzer's",
+        "skills on those episodes: usable, and agreeing with the scripted analyzer's content (the winning",
+        "order, or a correct solution).",
         "",
         "| Task | " + " | ".join(heading for heading, _, _ in _PRECONDITIONS) + " |",
         "|---|" + "---|" * len(_PRECONDITIONS),

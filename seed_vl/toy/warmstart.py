@@ -53,6 +53,7 @@ from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed
 from seed_vl.sft import SFTExample, SFTSettings, train_sft
 from seed_vl.toy.demonstrations import demonstration_examples, play_demonstrations, play_random_episodes
 from seed_vl.toy.lookup_pretraining import lookup_drill, lookup_pretrained
+from seed_vl.toy.perception_probe import measure_perception
 from seed_vl.toy.skill_probe import analyzer_agreement, measure_skill_following
 from seed_vl.toy.tiny_model import build_tiny_model, built_by_another_version
 from seed_vl.tracking import Phase
@@ -278,9 +279,10 @@ def analyzer_examples(
 # --------------------------------------------------------------------------------------------- evaluation
 def measure_base_policy(policy: Policy, config: Config, env: EnvConfig) -> dict[str, float]:
     """Success rate and friends on the held-out tasks the trainer's evaluation plays (same seeds and
-    sampling), how often the self-analyzer writes a usable skill for those episodes and one that agrees with
-    the scripted analyzer's, and whether the
-    policy follows a skill (`skill_probe`: success with no, the correct and a wrong skill; gap and gate)."""
+    sampling) and a uniformly random policy's success on them; whether the policy sees its observation
+    (`perception_probe`); how often the self-analyzer writes a usable skill for those episodes and one that
+    agrees with the scripted analyzer's; and whether the policy follows a skill (`skill_probe`: success with
+    no, the correct and a wrong skill; gap and gate)."""
     group = EnvGroup(env, num_tasks=config.eval.num_tasks, group_size=1, split="eval")
     sampling = SamplingSettings.from_config(config.rollout, temperature=config.eval.temperature)
     with Phase(f"warm start: eval {env.name}", len(group), "episode", enabled=config.logging.progress) as bar:
@@ -290,6 +292,13 @@ def measure_base_policy(policy: Policy, config: Config, env: EnvConfig) -> dict[
     analyzer = config.analyzer.model_copy(update={"backend": "self"})
     make_analyzer(analyzer, env, policy=policy, seed=config.warmstart.seed).analyze(trajectories)
     metrics = {key.removeprefix("eval/"): s / n for key, (s, n) in episode_stats(trajectories, "eval").items()}
+    # The floor a base must clear to be said to play: uniformly random admissible actions on the same tasks.
+    random_play = play_random_episodes(
+        env, group.seeds, history_window=config.rollout.history_window, image_settings=None,
+        rng=random.Random(config.warmstart.seed),
+    )
+    metrics["random_success_rate"] = statistics.fmean(t.won for t in random_play)
+    metrics.update(measure_perception(policy, config, env, num_tasks=config.eval.num_tasks))
     metrics.update({f"analyzer/{key}": value for key, value in analyzer_agreement(env, trajectories).items()})
     following = measure_skill_following(policy, config, env, num_tasks=config.eval.num_tasks)
     metrics.update({f"skills/{key}": value for key, value in following.items()})

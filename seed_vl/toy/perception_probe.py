@@ -1,0 +1,52 @@
+"""Does the policy see its observation? The precondition any RL from this base rests on, measured.
+
+Held-out tasks whose solver plan is a single action (a Sokoban room where one push wins) are played as the
+evaluation plays them (no skill, its temperature and step budget): the share won on the first move is how
+often the first answer is the one move the observation decides. Chance is one in the number of actions (25% for Sokoban's four
+moves); a policy that reads the frame approaches 100%. The share of the most frequent first move tells a
+fixed preference apart from sight: a policy that answers the same move whatever it sees is blind, and RL
+would have to learn perception from the reward alone.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from seed_vl.config import Config, EnvConfig
+from seed_vl.envs.group import EnvGroup
+from seed_vl.envs.registry import make_env
+from seed_vl.evaluation import EVAL_STEP
+from seed_vl.policy import Policy
+from seed_vl.rollout import SamplingSettings, collect_rollouts
+from seed_vl.toy.demonstrations import solver_plan
+
+SCAN_PER_TASK = 50  # give up when fewer than 1 in 50 seeds is a one-action task (EZPoints has none)
+
+
+def one_action_tasks(env: EnvConfig, count: int) -> list[int]:
+    """The first `count` held-out seeds whose solver plan is one action (fewer where they are rare)."""
+    game, rng = make_env(env), random.Random(0)
+    seeds, seed = [], env.eval_seed_start
+    while len(seeds) < count and seed - env.eval_seed_start < SCAN_PER_TASK * (len(seeds) + 1):
+        plan = solver_plan(game, seed, rng)
+        if plan is not None and len(plan) == 1:
+            seeds.append(seed)
+        seed += 1
+    return seeds
+
+
+def measure_perception(policy: Policy, config: Config, env: EnvConfig, num_tasks: int) -> dict[str, float]:
+    """`one_action/solved` and `one_action/top_move` (shares); empty when `env` has no one-action tasks."""
+    seeds = one_action_tasks(env, num_tasks)
+    if not seeds:
+        return {}
+    # The whole budget, not one move: a task that says "within 1 moves" is a prompt the policy never saw.
+    group = EnvGroup.of_seeds(env, seeds)
+    sampling = SamplingSettings.from_config(config.rollout, temperature=config.eval.temperature)
+    episodes = collect_rollouts(policy, group, sampling, seed=config.warmstart.seed, step=EVAL_STEP)
+    first_moves = Counter(episode.turns[0].action for episode in episodes)
+    return {
+        "one_action/solved": sum(episode.won and episode.length == 1 for episode in episodes) / len(episodes),
+        "one_action/top_move": first_moves.most_common(1)[0][1] / len(episodes),
+    }
