@@ -2,8 +2,8 @@
 
 Held-out tasks whose solver plan is a single action (a Sokoban room where one push wins) are played as the
 evaluation plays them (no skill, its temperature and step budget): the share won on the first move is how
-often the first answer is the one move the observation decides. Chance is one in the number of actions (25% for Sokoban's four
-moves); a policy that reads the frame approaches 100%. The share of the most frequent first move tells a
+often the first answer is the one move the observation decides. Chance is one in the number of actions
+(25% for Sokoban's four moves); a policy that reads the frame approaches 100%. The share of the most frequent first move tells a
 fixed preference apart from sight: a policy that answers the same move whatever it sees is blind, and RL
 would have to learn perception from the reward alone.
 """
