@@ -1,7 +1,7 @@
 """Does a model see the frame, and can it learn to? The precondition any RL from a warm start rests on.
 
     python scripts/perception_probe.py --model runs/reproduce-quick/warmstart/model --steps 0
-    python scripts/perception_probe.py --model .cache/tiny-vl-lookup [--steps 1000] [--lr 1e-3]
+    python scripts/perception_probe.py --model .cache/tiny-vl-lookup [--steps 1000] [--lr 1e-3] [key=value ...]
 
 First the floor: how many of the first `--random-tasks` held-out tasks a uniformly random policy wins within
 the step budget. Then `seed_vl.toy.perception_probe` on held-out one-move tasks (played as the recipe's
@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from seed_vl.config import load_config
+from seed_vl.config import ConfigError, load_config
 from seed_vl.envs.registry import make_env
 from seed_vl.policy import Policy
 from seed_vl.sft import SFTSettings, train_sft
@@ -31,6 +31,7 @@ from seed_vl.toy.perception_probe import measure_perception
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="an HF image-text-to-text model directory")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. rollout.history_window=0")
     parser.add_argument("--config", default="configs/tiny/sokoban_visual.yaml", help="the recipe (env, sampling)")
     parser.add_argument("--steps", type=int, default=1000, help="0: measure only, no training")
     parser.add_argument("--every", type=int, default=250, help="measure every this many steps")
@@ -48,10 +49,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (Path(args.model) / "config.json").is_file():
         parser.error(f"--model: no model at {args.model} (run `seed-vl warmstart --config RECIPE` first)")
 
-    config = load_config(args.config, [
-        f"model.path={args.model}", "model.device=cpu", "logging.progress=false",
-        f"model.freeze_vision_tower={not args.train_vision_tower}",
-    ])
+    try:
+        config = load_config(args.config, [
+            f"model.path={args.model}", "model.device=cpu", "logging.progress=false",
+            f"model.freeze_vision_tower={not args.train_vision_tower}", *args.overrides,
+        ])
+    except ConfigError as error:
+        parser.error(str(error))
     policy = Policy.from_config(config.model, trainable=args.steps > 0, seed=0)
 
     def report(step: int) -> None:

@@ -85,5 +85,8 @@ def test_probe_script_measures_trains_and_rejects_bad_arguments(tiny_vl_path, tm
         probe.main([*small, "--random-tasks", "0"])
     assert exit_info.value.code == 2 and "--random-tasks: must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
+        probe.main([*small, "rollout.history_window=-1"])
+    assert exit_info.value.code == 2 and "history_window" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
         probe.main(["--model", str(tmp_path / "missing")])
     assert exit_info.value.code == 2 and "--model: no model at" in capsys.readouterr().err
