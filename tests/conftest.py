@@ -3,7 +3,10 @@ loaded through the real `from_pretrained` path."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,3 +49,17 @@ def text_policy(tiny_text_path):
     from seed_vl.policy import Policy
 
     return Policy.from_pretrained(tiny_text_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def script_module():
+    """Import a module from scripts/ (not a package) by name, as the scripts' tests call their `main`."""
+
+    def load(name: str):
+        sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+        try:
+            return importlib.import_module(name)
+        finally:
+            sys.path.pop(0)
+
+    return load

@@ -344,13 +344,9 @@ def test_the_fake_engine_has_the_pinned_vllms_signatures(monkeypatch):
         assert option in engine_fields, option
 
 
-def test_the_smoke_script_runs_against_the_fake_engine(tiny_vl_path, fake_engine_module, capsys):
+def test_the_smoke_script_runs_against_the_fake_engine(tiny_vl_path, fake_engine_module, capsys, script_module):
     """scripts/smoke_vllm.py is for a GPU with a real vLLM; here its code paths run on the fake."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-    try:
-        smoke = importlib.import_module("smoke_vllm")
-    finally:
-        sys.path.pop(0)
+    smoke = script_module("smoke_vllm")
     status = smoke.main(["--model", tiny_vl_path, "--dtype", "float32", "--batch", "4", "--max-new-tokens", "8",
                          "--image-size", "56"])
     out = capsys.readouterr().out

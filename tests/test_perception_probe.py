@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -66,16 +64,8 @@ def test_environments_without_one_action_tasks_report_nothing():
 RECIPE = str(Path(__file__).parents[1] / "configs" / "tiny" / "sokoban_visual.yaml")
 
 
-def _probe_script():
-    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-    try:
-        return importlib.import_module("perception_probe")
-    finally:
-        sys.path.pop(0)
-
-
-def test_probe_script_measures_trains_and_rejects_bad_arguments(tiny_vl_path, tmp_path, capsys):
-    probe = _probe_script()
+def test_probe_script_measures_trains_and_rejects_bad_arguments(tiny_vl_path, tmp_path, capsys, script_module):
+    probe = script_module("perception_probe")
     small = ["--model", tiny_vl_path, "--tasks", "2", "--random-tasks", "8", "--config", RECIPE]
     assert probe.main([*small, "--steps", "2", "--every", "1", "--batch", "2", "--demonstrations", "2"]) == 0
     out = capsys.readouterr().out

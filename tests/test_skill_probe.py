@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import random
 import re
-import sys
-from pathlib import Path
 
 import pytest
 from transformers import AutoProcessor
@@ -67,14 +64,6 @@ def test_probe_reports_every_condition_on_the_tiny_model(tiny_vl_path, monkeypat
         assert math.isnan(gate) or 0.0 < gate < 1.0
 
 
-def _lookup_probe():
-    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-    try:
-        return importlib.import_module("lookup_probe")
-    finally:
-        sys.path.pop(0)
-
-
 def test_lookup_documents_label_only_the_looked_up_moves(tiny_vl_path):
     """Lookup pretraining's documents: a route, then lookups; the loss falls on each looked-up move only."""
     tokenizer = AutoProcessor.from_pretrained(tiny_vl_path).tokenizer
@@ -95,8 +84,8 @@ def test_lookup_drills_answer_each_looked_up_step_with_its_move():
     assert len(asked) == 3 and len(set(asked)) == 3 and all(route[k] == move for k, move in asked)
 
 
-def test_lookup_probe_trains_and_reports_accuracy(tiny_vl_path, tmp_path, capsys):
-    probe = _lookup_probe()
+def test_lookup_probe_trains_and_reports_accuracy(tiny_vl_path, tmp_path, capsys, script_module):
+    probe = script_module("lookup_probe")
     assert probe.main(["--model", tiny_vl_path, "--steps", "2", "--batch", "2"]) == 0
     assert "move accuracy" in capsys.readouterr().out
     assert probe.main(["--model", tiny_vl_path, "--steps", "0"]) == 0
