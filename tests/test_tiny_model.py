@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,13 @@ from PIL import Image
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from seed_vl.processors.prompts import ANSWER_INSTRUCTION
-from seed_vl.toy.tiny_model import SPECIAL_TOKENS, build_tiny_model
+from seed_vl.toy.tiny_model import (
+    _MODEL_CLASSES,
+    ARCHITECTURES,
+    SPECIAL_TOKENS,
+    build_tiny_model,
+    tiny_config,
+)
 
 
 def _file_hashes(directory: str | Path) -> dict[str, str]:
@@ -118,6 +126,34 @@ def test_other_vl_architectures_load(tmp_path, arch, model_class, processor_clas
     inputs = processor(text=[text], images=[frame], return_tensors="pt")
     with torch.no_grad():
         assert torch.isfinite(model(**inputs).logits).all()
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_rotary_positions_tell_neighbouring_cells_apart(tiny_vl_path, arch):
+    """Some rotary frequency of the decoder turns between 0.1 and pi rad per merged patch along each image axis:
+    otherwise the decoder cannot tell a box left of the player from one right of it (Qwen2.5-VL's contiguous
+    split at theta 1e4 gives width at most 0.003 rad)."""
+    config = tiny_config(arch, AutoProcessor.from_pretrained(tiny_vl_path).tokenizer)
+    model = _MODEL_CLASSES[arch][1](config)
+    rotary = model.model.language_model.rotary_emb
+    x = torch.zeros(1, dtype=torch.float32)
+    for axis in (1, 2):  # height, width; time stays 0
+        positions = torch.zeros(3, 1, 2, dtype=torch.long)
+        positions[axis, 0, 1] = 1  # the neighbouring cell
+        cos, sin = rotary(x, positions)
+        turn = torch.atan2(sin[0, 1], cos[0, 1]).abs()  # position 0 is angle 0
+        assert 0.1 <= turn.max() <= math.pi, (arch, axis, turn.max())
+
+
+def test_rope_probe_trains_fresh_weights_under_a_given_layout(tiny_vl_path, capsys, script_module):
+    probe = script_module("rope_probe")
+    small = ["--model", tiny_vl_path, "--steps", "1", "--train-rooms", "32", "--held-out", "8"]
+    assert probe.main([*small, "--section", "4,6,6"]) == 0
+    out = capsys.readouterr().out
+    assert "'mrope_section': [4, 6, 6]" in out and re.findall(r"step +(\d+)  held-out", out) == ["0", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        probe.main([*small, "--section", "four"])
+    assert exit_info.value.code == 2 and "--section: comma-separated integers" in capsys.readouterr().err
 
 
 def test_same_seed_same_bytes(tmp_path, tiny_vl_path):
