@@ -95,6 +95,8 @@ def content_digest(*parts: str | bytes) -> str:
     return h.hexdigest()[:16]
 
 
-def weights_digest(model_dir: str | os.PathLike) -> str:
-    """The content digest of a model directory's safetensors files."""
-    return content_digest(*(f.read_bytes() for f in sorted(Path(model_dir).glob("*.safetensors"))))
+def model_digest(model_dir: str | os.PathLike) -> str:
+    """The content digest of a model directory's safetensors files and config.json: the same weights under
+    another configuration (e.g. another rotary layout) are another model."""
+    files = [*sorted(Path(model_dir).glob("*.safetensors")), Path(model_dir) / "config.json"]
+    return content_digest(*(f.read_bytes() for f in files if f.is_file()))

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from seed_vl.analyzer import parse_analysis
 from seed_vl.config import ConfigError, load_config
-from seed_vl.io import weights_digest
+from seed_vl.io import model_digest
 from seed_vl.policy import Policy
 from seed_vl.toy import lookup_pretraining, tiny_model, warmstart
 
@@ -167,12 +167,23 @@ def test_lookup_pretraining_comes_first_and_is_cached(tmp_path, monkeypatch):
     assert base == tmp_path / "tiny-vl-lookup"
     summary = json.loads((base / lookup_pretraining.SUMMARY_FILE).read_text())
     assert summary["steps"] == 2 and len(summary["move_accuracy"]) == 1
-    assert weights_digest(base) != weights_digest(tmp_path / "tiny-vl")  # trained, beside the untouched base
+    assert model_digest(base) != model_digest(tmp_path / "tiny-vl")  # trained, beside the untouched base
     assert Policy.from_config(config.model, path=base).is_vision  # loads through HF with its processor
 
     monkeypatch.setattr(lookup_pretraining, "train_lookup", lambda *a, **k: pytest.fail("retrained"))
     assert warmstart.ensure_base_model(config) == base
     assert warmstart.warmstart_key(config) != warmstart.warmstart_key(tiny_budget(tmp_path))
+
+
+def test_the_same_weights_under_another_configuration_are_another_base(tmp_path):
+    """A tiny model rebuilt with another rotary layout has the same weights: its caches must not match."""
+    config = tiny_budget(tmp_path)
+    base = warmstart.ensure_base_model(config)
+    key = warmstart.warmstart_key(config)
+    settings = json.loads((base / "config.json").read_text())
+    settings["text_config"]["rope_parameters"]["mrope_section"] = [4, 6, 6]
+    (base / "config.json").write_text(json.dumps(settings))
+    assert warmstart.warmstart_key(config) != key
 
 
 def test_frozen_attention_leaves_the_decoders_attention_untouched(tmp_path):

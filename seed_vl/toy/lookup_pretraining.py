@@ -16,7 +16,7 @@ self-analyzer's skills quote more winning routes, yet the policy still ignores a
 `warmstart.freeze_attention` too, the lookup partly survives the SFT (86% from 98%, 45% from 52%) and the
 base reads skills (docs/RESULTS-quick.md). The Sokoban recipe turns all three on.
 
-`lookup_pretrained` caches its result beside the base model, keyed by the settings, the base weights and
+`lookup_pretrained` caches its result beside the base model, keyed by the settings, the base model (weights and config) and
 this file; `scripts/lookup_probe.py` runs `train_lookup` on any model.
 """
 
@@ -32,7 +32,7 @@ import torch
 from transformers import PreTrainedModel
 
 from seed_vl.envs.base import step_route
-from seed_vl.io import atomic_directory, atomic_write_text, content_digest, weights_digest
+from seed_vl.io import atomic_directory, atomic_write_text, content_digest, model_digest
 from seed_vl.policy import Policy
 from seed_vl.sft import SFTExample
 from seed_vl.skills import skill_block
@@ -139,7 +139,7 @@ def lookup_pretrained(base: Path, steps: int, *, seed: int, device: str = "auto"
     """`base` after `steps` of lookup pretraining, in `<base>-lookup/` (reused while its key matches)."""
     out_dir = base.with_name(f"{base.name}-lookup")
     settings = json.dumps({"steps": steps, "seed": seed, "lr": LR, "batch_size": BATCH_SIZE})
-    key = content_digest(settings, weights_digest(base), Path(__file__).read_bytes())
+    key = content_digest(settings, model_digest(base), Path(__file__).read_bytes())
     summary = out_dir / SUMMARY_FILE
     if summary.is_file() and json.loads(summary.read_text()).get("key") == key:
         return out_dir

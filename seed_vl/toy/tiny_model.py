@@ -114,10 +114,11 @@ _ROPE_THETA = 1e4
 # first: Qwen's [16, 24, 24] of 64 leaves width the slowest. With 16 frequencies at 1e4 that is 0.003 rad or
 # less per column, and the tiny decoder hardly tells a box left of the player from one right of it (frame
 # -> winning move on one-move Sokoban rooms, minimal prompt, from random weights: 48% right after 200 steps;
-# chance 25%). A lower base would speed up the width and slow down the lookup, which matches a step number
-# at any distance through the slowest frequencies (theta 10: 54% after 1,200 lookup steps). The tiny model
-# keeps 1e4 and alternates the sections, as Qwen3-VL interleaves its axes: [0, 1, 1] repeated gives height
-# and width every other frequency, fast and slow alike (frames have no time axis; text turns all three).
+# chance 25%; `scripts/rope_probe.py`). A lower base would speed up the width but slow down the lookup,
+# which matches a step number at any distance through the slowest frequencies. The tiny model keeps 1e4
+# and alternates the sections, as Qwen3-VL interleaves its axes: [0, 1, 1] repeated gives height and width
+# every other frequency, fast and slow alike (100% after 200 steps; frames have no time axis, and text,
+# whose three axes are equal, rotates as before).
 
 
 # Everyday instruction English beyond the environment words, so prompts and skills stay short in tokens.

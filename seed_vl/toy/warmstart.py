@@ -19,7 +19,7 @@ base success rates measured like the trainer's evaluation, whether the base foll
 (`skill_probe`), and the wall time.
 
 Cache: `warmstart.out_dir` holds `model/` and `warmstart.json`. It is reused while its key - a hash of the
-settings, the base model's weights and the package source - matches, and is otherwise rebuilt in a
+settings, the base model's weights and config and the package source - matches, and is otherwise rebuilt in a
 temporary directory that replaces it in one rename, so an interrupted warm start is simply redone.
 """
 
@@ -46,7 +46,7 @@ from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyz
 from seed_vl.config import Config, EnvConfig
 from seed_vl.envs.group import EnvGroup
 from seed_vl.evaluation import EVAL_STEP, episode_stats
-from seed_vl.io import atomic_directory, atomic_write_text, content_digest, weights_digest
+from seed_vl.io import atomic_directory, atomic_write_text, content_digest, model_digest
 from seed_vl.policy import Policy
 from seed_vl.processors.images import ImageSettings
 from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed
@@ -184,7 +184,7 @@ def env_config(config: Config, name: str) -> EnvConfig:
 
 
 def warmstart_settings(config: Config) -> dict[str, Any]:
-    """Everything the warm start reads from the config, for its cache key (with the base weights and the
+    """Everything the warm start reads from the config, for its cache key (with the base model and the
     code); the RL sections of a recipe do not change it."""
 
     def fields(section: BaseModel, *names: str) -> dict[str, Any]:
@@ -207,10 +207,10 @@ def warmstart_settings(config: Config) -> dict[str, Any]:
 
 
 def warmstart_key(config: Config) -> str:
-    """What a finished warm start must match to be reused: settings, base weights and package source."""
+    """What a finished warm start must match to be reused: settings, base model (weights and config) and package source."""
     base = ensure_base_model(config)
     settings = json.dumps(warmstart_settings(config), sort_keys=True)
-    return content_digest(settings, weights_digest(base), source_digest())
+    return content_digest(settings, model_digest(base), source_digest())
 
 
 def cached_key(out_dir: Path) -> str | None:
