@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from pathlib import Path
 
@@ -130,7 +129,7 @@ def test_other_vl_architectures_load(tmp_path, arch, model_class, processor_clas
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_rotary_positions_tell_neighbouring_cells_apart(tiny_vl_path, arch):
-    """Some rotary frequency of the decoder turns between 0.1 and pi rad per merged patch along each image axis:
+    """Some rotary frequency of the decoder turns at least 0.1 rad per merged patch along each image axis:
     otherwise the decoder cannot tell a box left of the player from one right of it (Qwen2.5-VL's contiguous
     split at theta 1e4 gives width at most 0.003 rad)."""
     config = tiny_config(arch, AutoProcessor.from_pretrained(tiny_vl_path).tokenizer)
@@ -141,8 +140,8 @@ def test_rotary_positions_tell_neighbouring_cells_apart(tiny_vl_path, arch):
         positions = torch.zeros(3, 1, 2, dtype=torch.long)
         positions[axis, 0, 1] = 1  # the neighbouring cell
         cos, sin = rotary(x, positions)
-        turn = torch.atan2(sin[0, 1], cos[0, 1]).abs()  # position 0 is angle 0
-        assert 0.1 <= turn.max() <= math.pi, (arch, axis, turn.max())
+        turn = torch.atan2(sin[0, 1], cos[0, 1]).abs()  # position 0 is angle 0; a wrapped turn reads small
+        assert turn.max() >= 0.1, (arch, axis, turn.max())
 
 
 def test_rope_probe_trains_fresh_weights_under_a_given_layout(tiny_vl_path, capsys, script_module):
