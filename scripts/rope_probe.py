@@ -6,8 +6,8 @@
 
 Trains new random weights in `--model`'s architecture (its tokenizer and processor; nothing is saved) on the
 barest form of the policy's decision: a frame of a training room whose solver plan is one push, then
-"<action>", the loss on the move only. Prints the share of `--held-out` held-out one-push rooms answered right every
-100 steps (25% is chance). The tiny model's `_mrope` comment in seed_vl/toy/tiny_model.py quotes it.
+"<action>", the loss on the move only. Prints the share of `--held-out` held-out one-push rooms answered
+right every 100 steps (25% is chance). The rotary-layout comment in seed_vl/toy/tiny_model.py quotes it.
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             rope["mrope_section"] = [int(part) for part in args.section.split(",")]
     except ValueError:
         parser.error(f"--section: comma-separated integers, got {args.section!r}")
-    if args.theta:
+    if args.theta is not None:
+        if args.theta <= 0:
+            parser.error(f"--theta: must be > 0, got {args.theta}")
         rope["rope_theta"] = args.theta
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(config)

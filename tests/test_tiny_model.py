@@ -153,6 +153,9 @@ def test_rope_probe_trains_fresh_weights_under_a_given_layout(tiny_vl_path, caps
     with pytest.raises(SystemExit) as exit_info:
         probe.main([*small, "--section", "four"])
     assert exit_info.value.code == 2 and "--section: comma-separated integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        probe.main([*small, "--theta", "0"])
+    assert exit_info.value.code == 2 and "--theta: must be > 0" in capsys.readouterr().err
 
 
 def test_same_seed_same_bytes(tmp_path, tiny_vl_path):
