@@ -222,6 +222,11 @@ class WarmstartConfig(Section):
     lookup_steps: int = Field(0, ge=0)
     lookup_drills: int = Field(0, ge=0)  # lookup documents as chat examples mixed into the SFT
     freeze_attention: bool = False  # SFT leaves the decoder's attention (where the lookup lives) as it is
+    # Perception pretraining next (seed_vl/toy/perception_pretraining.py): steps of frame -> winning move on
+    # rooms one push from solved, what acting on the frame needs; 0 = none. Needs sokoban_visual in `envs`.
+    perception_steps: int = Field(0, ge=0)
+    perception_states: int = Field(3000, ge=1)  # final pushes (solver episodes' last states) it trains on
+    perception_drills: int = Field(0, ge=0)  # final pushes as chat examples mixed into the SFT
     out_dir: str = ".cache/warmstart-vl"  # model/ and warmstart.json; reused while the settings match
     envs: list[str] = ["sokoban_visual", "ezpoints_visual"]  # all visual (VL model) or all text
     seed: int = 0  # demonstrations, shuffling, evaluation sampling
@@ -244,6 +249,13 @@ class WarmstartConfig(Section):
         if len({name.endswith(_VISUAL_SUFFIX) for name in envs}) > 1:
             raise ValueError("mixes visual and text environments; one model learns them all")
         return envs
+
+    @model_validator(mode="after")
+    def _perception_on_visual_sokoban(self) -> WarmstartConfig:
+        for name in ("perception_steps", "perception_drills"):
+            if getattr(self, name) and "sokoban_visual" not in self.envs:
+                raise ValueError(f"{name}: perception pretraining plays sokoban_visual; add it to envs or set 0")
+        return self
 
     @model_validator(mode="after")
     def _demonstrations_for_every_env(self) -> WarmstartConfig:

@@ -15,8 +15,12 @@ from seed_vl.processors.parsing import parse_action
 from seed_vl.processors.prompts import outcome_line
 from seed_vl.sft import SFTExample
 from seed_vl.skills import SKILL_HEADER
-from seed_vl.toy.demonstrations import demonstration_examples, play_demonstrations, play_random_episodes
-from seed_vl.toy.warmstart import terse_response
+from seed_vl.toy.demonstrations import (
+    demonstration_examples,
+    play_demonstrations,
+    play_random_episodes,
+    terse_response,
+)
 
 TINY_IMAGES = ImageSettings(min_pixels=4 * 28 * 28, max_pixels=256 * 28 * 28)
 

@@ -14,7 +14,7 @@ from seed_vl.analyzer import parse_analysis
 from seed_vl.config import ConfigError, load_config
 from seed_vl.io import model_digest
 from seed_vl.policy import Policy
-from seed_vl.toy import lookup_pretraining, tiny_model, warmstart
+from seed_vl.toy import demonstrations, lookup_pretraining, tiny_model, warmstart
 
 
 def tiny_budget(tmp: Path, *overrides: str):
@@ -198,8 +198,8 @@ def test_frozen_attention_leaves_the_decoders_attention_untouched(tmp_path):
 
 def test_terse_response_keeps_the_last_sentence_and_the_action():
     long = "<think>The box is 1 up from me and its target is 1 left. I push the box at step 3</think><action>up</action>"
-    assert warmstart.terse_response(long) == "<think>I push the box at step 3</think><action>up</action>"
-    assert warmstart.terse_response("no answer format") == "no answer format"
+    assert demonstrations.terse_response(long) == "<think>I push the box at step 3</think><action>up</action>"
+    assert demonstrations.terse_response("no answer format") == "no answer format"
 
 
 @pytest.mark.parametrize(

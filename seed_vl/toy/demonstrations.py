@@ -10,7 +10,9 @@ hindsight skill, for training contexts that show it.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
+from typing import Any
 
 from seed_vl.config import ConfigError, EnvConfig
 from seed_vl.envs import ezpoints, sokoban
@@ -27,6 +29,8 @@ from seed_vl.trajectory import Trajectory
 # Tasks whose solution exceeds the step budget are skipped; give up when fewer than 1 in 10 fit.
 MAX_TASKS_PER_EPISODE = 10
 BATCH = 32  # episodes played at once
+_ANSWER = re.compile(r"<think>(?P<think>.*)</think>(?P<action><action>.*</action>)", re.DOTALL)
+_SENTENCE_END = re.compile(r"(?<=[.;])\s+")
 
 Plan = list[str]
 Planner = Callable[[Env, random.Random], Plan | None]  # an optimal plan from the state just reset to
@@ -154,6 +158,23 @@ def demonstration_examples(
         for turn in episode.turns
     ]
     return examples
+
+
+def terse_response(response: str) -> str:
+    """A solver demonstration's answer with only the last sentence of its think text ("I push the box at
+    step 3"): the situation sentence before it would triple every response of the tiny model, the cost of
+    every rollout turn and the tokens it must learn."""
+    match = _ANSWER.fullmatch(response)
+    if match is None:
+        return response
+    last = _SENTENCE_END.split(match["think"].strip())[-1]
+    return f"<think>{last}</think>{match['action']}"
+
+
+def terse_answers(context: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The context with its earlier answers (episode mode's assistant messages) made terse, as the policy
+    learns to write them."""
+    return [{**m, "content": terse_response(m["content"])} if m["role"] == "assistant" else m for m in context]
 
 
 def solver_plan(env: Env, seed: int, rng: random.Random) -> Plan | None:

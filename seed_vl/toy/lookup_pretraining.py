@@ -76,7 +76,7 @@ def _route_skill(route: list[str]) -> str:
     return f"Winning order: {step_route(route)}."
 
 
-def _lookup_batch(
+def lookup_batch(
     model: PreTrainedModel, tokenizer: Any, rng: random.Random, batch_size: int
 ) -> tuple[torch.Tensor, int, int]:
     """One batch of fresh documents: (mean loss on the moves, moves predicted right, moves)."""
@@ -109,7 +109,7 @@ def train_lookup(
     curve, correct, total = [], 0, 0
     with Phase("warm start: lookup pretraining", steps, "steps", enabled=show_progress) as bar:
         for step in range(1, steps + 1):
-            loss, right, count = _lookup_batch(model, tokenizer, rng, batch_size)
+            loss, right, count = lookup_batch(model, tokenizer, rng, batch_size)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -131,7 +131,7 @@ def lookup_accuracy(model: PreTrainedModel, tokenizer: Any, *, batches: int = 8,
     whether a model still holds the lookup, e.g. after the warm start's SFT."""
     rng = random.Random(seed)
     model.eval()
-    counts = [_lookup_batch(model, tokenizer, rng, BATCH_SIZE)[1:] for _ in range(batches)]
+    counts = [lookup_batch(model, tokenizer, rng, BATCH_SIZE)[1:] for _ in range(batches)]
     return sum(right for right, _ in counts) / sum(total for _, total in counts)
 
 

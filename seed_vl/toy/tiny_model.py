@@ -242,8 +242,7 @@ def _rendered_lines(episodes_per_env: int = 16) -> list[str]:
     from seed_vl.config import EnvConfig
     from seed_vl.envs.registry import make_env
     from seed_vl.processors import prompts
-    from seed_vl.toy.demonstrations import play_demonstrations, play_random_episodes
-    from seed_vl.toy.warmstart import terse_response
+    from seed_vl.toy.demonstrations import play_demonstrations, play_random_episodes, terse_response
 
     lines = []
     rng = random.Random(0)

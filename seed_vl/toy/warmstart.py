@@ -11,7 +11,10 @@ tiny model a short, documented substitute, one shuffled SFT over every `warmstar
   * stage-1 analyzer SFT: analyzer prompt -> scripted-analyzer JSON on solver episodes (workflow skills)
     and random-action episodes (mostly avoidance rules), so that the model can write skills;
   * optionally, lookup pretraining before it and lookup drills within it (`lookup_steps`,
-    `lookup_drills`: `seed_vl.toy.lookup_pretraining`), the in-context retrieval that following a route needs.
+    `lookup_drills`: `seed_vl.toy.lookup_pretraining`), the in-context retrieval that following a route needs;
+  * optionally, perception pretraining after the lookup and perception drills within the SFT
+    (`perception_steps`, `perception_drills`: `seed_vl.toy.perception_pretraining`), the sight that acting
+    on a frame needs.
 
 It stops early on purpose (few demonstrations, few epochs): the base policy should solve a minority of
 held-out episodes and leave room for RL. `warmstart.json` records the settings, the SFT loss curve, the
@@ -28,7 +31,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import re
 import statistics
 import sys
 import time
@@ -51,8 +53,15 @@ from seed_vl.policy import Policy
 from seed_vl.processors.images import ImageSettings
 from seed_vl.rollout import SamplingSettings, collect_rollouts, derive_seed
 from seed_vl.sft import SFTExample, SFTSettings, train_sft
-from seed_vl.toy.demonstrations import demonstration_examples, play_demonstrations, play_random_episodes
+from seed_vl.toy.demonstrations import (
+    demonstration_examples,
+    play_demonstrations,
+    play_random_episodes,
+    terse_answers,
+    terse_response,
+)
 from seed_vl.toy.lookup_pretraining import lookup_drill, lookup_pretrained
+from seed_vl.toy.perception_pretraining import final_push_turns, perception_pretrained
 from seed_vl.toy.perception_probe import measure_perception
 from seed_vl.toy.skill_probe import analyzer_agreement, measure_skill_following
 from seed_vl.toy.tiny_model import build_tiny_model, built_by_another_version
@@ -60,9 +69,7 @@ from seed_vl.tracking import Phase
 
 SUMMARY_FILE, MODEL_DIR = "warmstart.json", "model"
 # Seed streams of the warm start's own draws (demonstration phrasing, random-action episodes).
-_DEMO_STREAM, _ANALYZER_STREAM, _LOOKUP_STREAM = 0x3A12, 0x3A13, 0x3A14
-_ANSWER = re.compile(r"<think>(?P<think>.*)</think>(?P<action><action>.*</action>)", re.DOTALL)
-_SENTENCE_END = re.compile(r"(?<=[.;])\s+")
+_DEMO_STREAM, _ANALYZER_STREAM, _LOOKUP_STREAM, _PERCEPTION_STREAM = 0x3A12, 0x3A13, 0x3A14, 0x3A15
 
 
 def run_warmstart(config: Config) -> Path:
@@ -144,6 +151,12 @@ def warmstart_examples(
             bar.update()
     rng = random.Random(derive_seed(_LOOKUP_STREAM, ws.seed))
     demonstrations += [lookup_drill(rng) for _ in range(ws.lookup_drills)]
+    if ws.perception_drills:
+        sokoban = env_config(config, "sokoban_visual")
+        demonstrations += final_push_turns(
+            sokoban, ws.perception_drills, seed=sokoban.train_seed_start, image_settings=images,
+            rng=random.Random(derive_seed(_PERCEPTION_STREAM, ws.seed)),
+        )
     return demonstrations, analysis
 
 
@@ -164,14 +177,20 @@ def loss_curve(losses: list[float], points: int = 10) -> list[float]:
 def ensure_base_model(config: Config) -> Path:
     """The model the warm start trains: `warmstart.base_model`, built as the tiny model (VL or text, as the
     environments need) if missing or written by another version of the builder, after
-    `warmstart.lookup_steps` of lookup pretraining (cached)."""
+    `warmstart.lookup_steps` of lookup pretraining and `warmstart.perception_steps` of perception
+    pretraining (each cached)."""
     ws = config.warmstart
     base = Path(ws.base_model)
     if not (base / "config.json").is_file() or built_by_another_version(base):
         build_tiny_model(base, text_only=ws.text_only, seed=ws.tiny_model_seed)
     if ws.lookup_steps:
-        return lookup_pretrained(
+        base = lookup_pretrained(
             base, ws.lookup_steps, seed=ws.seed, device=config.model.device, show_progress=config.logging.progress
+        )
+    if ws.perception_steps:
+        base = perception_pretrained(
+            base, ws.perception_steps, ws.perception_states, config.model, env_config(config, "sokoban_visual"),
+            seed=ws.seed, show_progress=config.logging.progress,
         )
     return base
 
@@ -222,23 +241,6 @@ def cached_key(out_dir: Path) -> str | None:
         return json.loads(summary.read_text()).get("key")
     except (json.JSONDecodeError, AttributeError):
         return None
-
-
-def terse_response(response: str) -> str:
-    """A solver demonstration's answer with only the last sentence of its think text ("I push the box at
-    step 3"): the situation sentence before it would triple every response of the tiny model, the cost of
-    every rollout turn and the tokens it must learn."""
-    match = _ANSWER.fullmatch(response)
-    if match is None:
-        return response
-    last = _SENTENCE_END.split(match["think"].strip())[-1]
-    return f"<think>{last}</think>{match['action']}"
-
-
-def terse_answers(context: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The context with its earlier answers (episode mode's assistant messages) made terse, as the policy
-    learns to write them."""
-    return [{**m, "content": terse_response(m["content"])} if m["role"] == "assistant" else m for m in context]
 
 
 # ----------------------------------------------------------------------------------------- analyzer pairs

@@ -1,0 +1,94 @@
+"""Perception pretraining: final pushes in the policy's own first-turn prompt, the loss on the move only."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from safetensors.torch import load_file
+
+from seed_vl.config import ConfigError, EnvConfig, ModelConfig, load_config
+from seed_vl.envs.registry import make_env
+from seed_vl.policy import Policy
+from seed_vl.toy import perception_pretraining
+from seed_vl.toy.demonstrations import solver_plan
+from seed_vl.toy.perception_pretraining import (
+    final_pushes,
+    move_accuracy,
+    perception_pretrained,
+    train_perception,
+)
+from seed_vl.toy.warmstart import env_config, warmstart_examples
+
+ENV = EnvConfig(name="sokoban_visual", cell_px=28)
+
+
+@pytest.fixture(scope="module")
+def pushes(vl_policy):
+    return final_pushes(vl_policy, ENV, 6, seed=ENV.train_seed_start, rng=random.Random(0))
+
+
+def test_a_final_push_is_a_first_turn_answered_by_the_move_that_solves_the_room(vl_policy, pushes):
+    game, rng, seed = make_env(ENV), random.Random(0), ENV.train_seed_start
+    for push in pushes:
+        while (plan := solver_plan(game, seed, rng)) is None or len(plan) > game.max_steps:
+            seed += 1  # the demonstrations skip tasks their solver cannot finish within the budget
+        seed += 1
+        images = [part for m in push.context if isinstance(m["content"], list) for part in m["content"]
+                  if part["type"] == "image"]
+        text = str(push.context)
+        assert len(images) == 1 and "Previous turns" not in text and "Current observation (step" in text
+        tokenizer = vl_policy.tokenizer
+        assert tokenizer.decode(push.response_ids[: push.move_index]).endswith("</think><action>")
+        assert tokenizer.decode(push.response_ids[push.move_index]) == plan[-1]  # the plan's last, winning move
+        state = game.state
+        for move in plan:
+            state = state.move(move)[0]
+        assert state.solved
+
+
+def test_training_on_the_move_alone_learns_it(tiny_vl_path, pushes):
+    """A handful of pushes, trained and measured on themselves: only the move carries the loss, and it is learnt."""
+    policy = Policy.from_pretrained(tiny_vl_path, device="cpu")
+    assert len({p.response_ids[p.move_index] for p in pushes}) > 1  # not one move for all
+    curve = train_perception(policy, pushes, pushes, 40, seed=0, batch_size=6, every=40, show_progress=False)
+    assert len(curve) == 2 and curve[-1] == 1.0 == move_accuracy(policy, pushes)
+
+
+def test_perception_pretraining_is_cached_and_leaves_the_vision_tower_alone(tiny_vl_path, tmp_path, monkeypatch):
+    start = tmp_path / "tiny-vl"
+    Policy.from_pretrained(tiny_vl_path, device="cpu").save_pretrained(start)
+    model = ModelConfig(path=str(start), device="cpu", freeze_vision_tower=False)  # frozen all the same
+    out = perception_pretrained(start, 2, 4, model, ENV, seed=0, show_progress=False)
+    assert out == tmp_path / "tiny-vl-perception"
+    summary = (out / perception_pretraining.SUMMARY_FILE).read_text()
+    assert '"steps": 2' in summary and '"states": 4' in summary
+    before, after = load_file(start / "model.safetensors"), load_file(out / "model.safetensors")
+    assert all((before[k] == after[k]).all() for k in before if "visual" in k)
+    assert any(not (before[k] == after[k]).all() for k in before if "self_attn" in k)  # attention learns
+
+    monkeypatch.setattr(perception_pretraining, "train_perception", lambda *a, **k: pytest.fail("retrained"))
+    assert perception_pretrained(start, 2, 4, model, ENV, seed=0, show_progress=False) == out
+    monkeypatch.undo()
+    other_frames = ENV.model_copy(update={"cell_px": 14})  # other training data: another key
+    perception_pretrained(start, 2, 4, model, other_frames, seed=0, show_progress=False)
+    assert (out / perception_pretraining.SUMMARY_FILE).read_text() != summary
+
+
+def test_perception_pretraining_needs_visual_sokoban():
+    with pytest.raises(ConfigError, match="perception_steps"):
+        load_config(None, ["warmstart.envs=[ezpoints_visual]", "warmstart.perception_steps=10"])
+
+
+def test_perception_drills_add_final_pushes_to_the_sft(tmp_path):
+    overrides = [f"warmstart.base_model={tmp_path / 'base'}", "warmstart.envs=[sokoban_visual]",
+                 "warmstart.demonstrations=1", "warmstart.analyzer_episodes=0", "env.cell_px=28"]
+    plain = load_config(None, overrides)
+    drilled = load_config(None, [*overrides, "warmstart.perception_drills=3"])
+    env = env_config(plain, "sokoban_visual")
+    before = warmstart_examples(plain, [env], None)[0]
+    after = warmstart_examples(drilled, [env], None)[0]
+    assert after[: len(before)] == before and len(after) == len(before) + 3
+    for drill in after[len(before):]:
+        assert "Previous turns" not in str(drill.context) and drill.response.endswith("</action>")
+        assert drill.response.startswith(("<think>This push puts the box", "<think>One push finishes"))
