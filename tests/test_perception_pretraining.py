@@ -48,7 +48,7 @@ def test_a_final_push_is_a_first_turn_answered_by_the_move_that_solves_the_room(
 
 
 def test_training_on_the_move_alone_learns_it(tiny_vl_path, pushes):
-    """A handful of pushes, trained and measured on themselves: only the move carries the loss, and it is learnt."""
+    """A handful of pushes, trained and measured on themselves: the move-token loss learns their moves."""
     policy = Policy.from_pretrained(tiny_vl_path, device="cpu")
     assert len({p.response_ids[p.move_index] for p in pushes}) > 1  # not one move for all
     curve = train_perception(policy, pushes, pushes, 40, seed=0, batch_size=6, every=40, show_progress=False)
