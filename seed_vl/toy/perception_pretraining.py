@@ -18,14 +18,14 @@ move of all 96 held-out one-move tasks with 1,200 drills, 25% (chance) without t
 pretraining gives the base sight").
 
 `perception_pretrained` caches its result beside the model it starts from, keyed by the settings, that
-model (weights and config) and this file; `perception.json` holds the held-out move accuracy curve.
+model (weights and config), this file and the training data itself; `perception.json` holds the held-out
+move accuracy curve.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,8 +111,7 @@ def move_accuracy(policy: Policy, pushes: list[FinalPush], batch_size: int = 32)
 
 def train_perception(
     policy: Policy, train: list[FinalPush], held_out: list[FinalPush], steps: int, *, seed: int,
-    lr: float = LR, batch_size: int = BATCH_SIZE, every: int = 100,
-    log: Callable[[int, float], None] | None = None, show_progress: bool = True,
+    lr: float = LR, batch_size: int = BATCH_SIZE, every: int = 100, show_progress: bool = True,
 ) -> list[float]:
     """`steps` AdamW steps, each on `batch_size` final pushes and as many fresh lookup documents; returns
     the held-out move accuracy every `every` steps (the first entry: before training)."""
@@ -133,8 +132,6 @@ def train_perception(
             bar.update()
             if step % every == 0 or step == steps:
                 curve.append(round(move_accuracy(policy, held_out), 4))
-                if log is not None:
-                    log(step, curve[-1])
     return curve
 
 

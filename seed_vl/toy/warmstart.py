@@ -77,11 +77,12 @@ def run_warmstart(config: Config) -> Path:
     (the untrained tiny model first, when `warmstart.base_model` is missing)."""
     ws = config.warmstart
     out_dir = Path(ws.out_dir)
-    key = warmstart_key(config)  # builds the base model when missing
+    base = ensure_base_model(config)  # built (and pretrained) once: its cache checks replay their data
+    key = warmstart_key(config, base)
     if cached_key(out_dir) == key:
         print(f"[seed-vl] warm start: reusing {out_dir / MODEL_DIR}", file=sys.stderr)
         return out_dir / MODEL_DIR
-    base, settings = ensure_base_model(config), warmstart_settings(config)
+    settings = warmstart_settings(config)
 
     start = time.perf_counter()
     model = config.model.model_copy(update={"freeze_vision_tower": not ws.train_vision_tower})
@@ -225,9 +226,10 @@ def warmstart_settings(config: Config) -> dict[str, Any]:
     }
 
 
-def warmstart_key(config: Config) -> str:
-    """What a finished warm start must match to be reused: settings, base model (weights and config) and package source."""
-    base = ensure_base_model(config)
+def warmstart_key(config: Config, base: Path | None = None) -> str:
+    """What a finished warm start must match to be reused: settings, base model (weights and config) and
+    package source. `base`: the result of `ensure_base_model(config)`, when the caller has it already."""
+    base = ensure_base_model(config) if base is None else base
     settings = json.dumps(warmstart_settings(config), sort_keys=True)
     return content_digest(settings, model_digest(base), source_digest())
 
