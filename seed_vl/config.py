@@ -227,6 +227,10 @@ class WarmstartConfig(Section):
     perception_steps: int = Field(0, ge=0)
     perception_states: int = Field(3000, ge=1)  # final pushes (solver episodes' last states) it trains on
     perception_drills: int = Field(0, ge=0)  # final pushes as chat examples mixed into the SFT
+    # Skill turns (a varied plan's turn, the skill naming it in context) it trains on beside the final
+    # pushes, what reading a skill in the policy's own prompt needs; and as chat examples in the SFT.
+    perception_skill_turns: int = Field(0, ge=0)
+    skill_drills: int = Field(0, ge=0)
     out_dir: str = ".cache/warmstart-vl"  # model/ and warmstart.json; reused while the settings match
     envs: list[str] = ["sokoban_visual", "ezpoints_visual"]  # all visual (VL model) or all text
     seed: int = 0  # demonstrations, shuffling, evaluation sampling
@@ -252,7 +256,7 @@ class WarmstartConfig(Section):
 
     @model_validator(mode="after")
     def _perception_on_visual_sokoban(self) -> WarmstartConfig:
-        for name in ("perception_steps", "perception_drills"):
+        for name in ("perception_steps", "perception_drills", "perception_skill_turns", "skill_drills"):
             if getattr(self, name) and "sokoban_visual" not in self.envs:
                 raise ValueError(f"{name}: perception pretraining plays sokoban_visual; add it to envs or set 0")
         return self

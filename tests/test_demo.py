@@ -33,6 +33,8 @@ def reduced_demo(tmp: Path) -> list[str]:
         "warmstart.perception_steps=2",
         "warmstart.perception_states=4",
         "warmstart.perception_drills=2",
+        "warmstart.perception_skill_turns=4",
+        "warmstart.skill_drills=2",
         "env.max_steps=5",
         "rollout.num_tasks=1",
         "rollout.group_size=2",

@@ -1,8 +1,11 @@
-"""Perception pretraining: final pushes in the policy's own first-turn prompt, the loss on the move only."""
+"""Perception pretraining: final pushes in the policy's own first-turn prompt and skill turns with the skill
+naming their plan, the loss on the move only."""
 
 from __future__ import annotations
 
+import json
 import random
+import re
 
 import pytest
 from safetensors.torch import load_file
@@ -10,11 +13,13 @@ from safetensors.torch import load_file
 from seed_vl.config import ConfigError, EnvConfig, ModelConfig, load_config
 from seed_vl.envs.registry import make_env
 from seed_vl.policy import Policy
+from seed_vl.skills import SKILL_HEADER
 from seed_vl.toy import perception_pretraining
-from seed_vl.toy.demonstrations import solver_plan
+from seed_vl.toy.demonstrations import skill_turns, solver_plan
 from seed_vl.toy.perception_pretraining import (
-    final_pushes,
+    final_push_turns,
     move_accuracy,
+    move_turns,
     perception_pretrained,
     train_perception,
 )
@@ -25,7 +30,9 @@ ENV = EnvConfig(name="sokoban_visual", cell_px=28)
 
 @pytest.fixture(scope="module")
 def pushes(vl_policy):
-    return final_pushes(vl_policy, ENV, 6, seed=ENV.train_seed_start, rng=random.Random(0))
+    turns = final_push_turns(ENV, 6, seed=ENV.train_seed_start, image_settings=vl_policy.image_settings,
+                             rng=random.Random(0))
+    return move_turns(vl_policy, turns)
 
 
 def test_a_final_push_is_a_first_turn_answered_by_the_move_that_solves_the_room(vl_policy, pushes):
@@ -51,36 +58,58 @@ def test_training_on_the_move_alone_learns_it(tiny_vl_path, pushes):
     """A handful of pushes, trained and measured on themselves: the move-token loss learns their moves."""
     policy = Policy.from_pretrained(tiny_vl_path, device="cpu")
     assert len({p.response_ids[p.move_index] for p in pushes}) > 1  # not one move for all
-    curve = train_perception(policy, pushes, pushes, 40, seed=0, batch_size=6, every=40, show_progress=False)
-    assert len(curve) == 2 and curve[-1] == 1.0 == move_accuracy(policy, pushes)
+    curves = train_perception(policy, pushes, {"final_push": pushes}, 40, seed=0, batch_size=6, every=40,
+                              show_progress=False)
+    assert len(curves["final_push"]) == 2 and curves["final_push"][-1] == 1.0 == move_accuracy(policy, pushes)
+
+
+def test_a_skill_turn_shows_the_skill_whose_route_names_its_move(vl_policy):
+    """Every turn of a varied plan (another order, a detour) carries the skill that names that plan: the move
+    the answer makes is the one the skill's route gives for the turn's step number."""
+    examples = skill_turns(ENV, 12, seed=ENV.train_seed_start, history_window=2,
+                           image_settings=vl_policy.image_settings, rng=random.Random(0))
+    turns = move_turns(vl_policy, examples)
+    assert len(turns) == 12 and any("Previous turns" in str(t.context) for t in turns)  # the policy's history
+    for turn in turns:
+        text = " ".join(part["text"] for m in turn.context for part in
+                        (m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}])
+                        if part["type"] == "text")
+        step = re.findall(r"Current observation \(step (\d+)\)", text)[-1]
+        move = vl_policy.tokenizer.decode(turn.response_ids[turn.move_index])
+        assert SKILL_HEADER in text and f"step {step} {move}" in text
 
 
 def test_perception_pretraining_is_cached_and_leaves_the_vision_tower_alone(tiny_vl_path, tmp_path, monkeypatch):
     start = tmp_path / "tiny-vl"
     Policy.from_pretrained(tiny_vl_path, device="cpu").save_pretrained(start)
     model = ModelConfig(path=str(start), device="cpu", freeze_vision_tower=False)  # frozen all the same
-    out = perception_pretrained(start, 2, 4, model, ENV, seed=0, show_progress=False)
+    out = perception_pretrained(start, 2, 4, model, ENV, seed=0, skill_turns=4, history_window=2,
+                                show_progress=False)
     assert out == tmp_path / "tiny-vl-perception"
     summary = (out / perception_pretraining.SUMMARY_FILE).read_text()
-    assert '"steps": 2' in summary and '"states": 4' in summary
+    assert '"steps": 2' in summary and '"states": 4' in summary and '"skill_turns": 4' in summary
+    assert set(json.loads(summary)["move_accuracy"]) == {"final_push", "skill_turn"}
     before, after = load_file(start / "model.safetensors"), load_file(out / "model.safetensors")
     assert all((before[k] == after[k]).all() for k in before if "visual" in k)
     assert any(not (before[k] == after[k]).all() for k in before if "self_attn" in k)  # attention learns
 
     monkeypatch.setattr(perception_pretraining, "train_perception", lambda *a, **k: pytest.fail("retrained"))
-    assert perception_pretrained(start, 2, 4, model, ENV, seed=0, show_progress=False) == out
+    assert perception_pretrained(start, 2, 4, model, ENV, seed=0, skill_turns=4, history_window=2,
+                                 show_progress=False) == out
     monkeypatch.undo()
     other_frames = ENV.model_copy(update={"cell_px": 14})  # other training data: another key
-    perception_pretrained(start, 2, 4, model, other_frames, seed=0, show_progress=False)
+    perception_pretrained(start, 2, 4, model, other_frames, seed=0, skill_turns=4, history_window=2,
+                          show_progress=False)
     assert (out / perception_pretraining.SUMMARY_FILE).read_text() != summary
 
 
-def test_perception_pretraining_needs_visual_sokoban():
-    with pytest.raises(ConfigError, match="perception_steps"):
-        load_config(None, ["warmstart.envs=[ezpoints_visual]", "warmstart.perception_steps=10"])
+@pytest.mark.parametrize("field", ["perception_steps", "perception_skill_turns", "skill_drills"])
+def test_perception_pretraining_needs_visual_sokoban(field):
+    with pytest.raises(ConfigError, match=field):
+        load_config(None, ["warmstart.envs=[ezpoints_visual]", f"warmstart.{field}=10"])
 
 
-def test_perception_drills_add_final_pushes_to_the_sft(tmp_path):
+def test_drills_add_final_pushes_and_skill_turns_to_the_sft(tmp_path):
     overrides = [f"warmstart.base_model={tmp_path / 'base'}", "warmstart.envs=[sokoban_visual]",
                  "warmstart.demonstrations=1", "warmstart.analyzer_episodes=0", "env.cell_px=28"]
     plain = load_config(None, overrides)
@@ -92,3 +121,6 @@ def test_perception_drills_add_final_pushes_to_the_sft(tmp_path):
     for drill in after[len(before):]:
         assert "Previous turns" not in str(drill.context) and drill.response.endswith("</action>")
         assert drill.response.startswith(("<think>This push puts the box", "<think>One push finishes"))
+    read = warmstart_examples(load_config(None, [*overrides, "warmstart.skill_drills=4"]), [env], None)[0]
+    assert read[: len(before)] == before and len(read) == len(before) + 4
+    assert all(SKILL_HEADER in str(drill.context) for drill in read[len(before):])

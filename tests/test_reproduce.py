@@ -19,6 +19,7 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
         "warmstart.demonstrations=2", "warmstart.analyzer_episodes=0", "warmstart.epochs=1",
         "warmstart.lookup_steps=0", "warmstart.lookup_drills=2",
         "warmstart.perception_steps=0", "warmstart.perception_drills=0",  # overrides reach EZPoints' recipe too
+        "warmstart.perception_skill_turns=0", "warmstart.skill_drills=0",
         "model.device=cpu", "train.steps=2", "rollout.num_tasks=1",
         "rollout.group_size=2", "env.max_steps=2", "eval.num_tasks=1", "eval.every=1", "logging.progress=false",
         "checkpoint.every=1", "checkpoint.keep_last=2",

@@ -160,6 +160,33 @@ def demonstration_examples(
     return examples
 
 
+def skill_turns(
+    env_config: EnvConfig,
+    count: int,
+    *,
+    seed: int,
+    history_window: int,
+    image_settings: ImageSettings | None,
+    rng: random.Random,
+) -> list[SFTExample]:
+    """`count` turns of varied demonstrations (another move order, a detour first) on the training seeds from
+    `seed`, each shown as the policy sees it with the scripted skill that names the plan, answers terse: the
+    frame does not decide these moves, the skill does."""
+    turns: list[SFTExample] = []
+    while len(turns) < count:
+        episodes = play_demonstrations(
+            env_config, BATCH, seed=seed, history_window=history_window, image_settings=image_settings, rng=rng,
+            varied=True,
+        )
+        turns += [
+            SFTExample(terse_answers(insert_skill(turn.context, e.skill)), terse_response(turn.response_text))
+            for e in episodes
+            for turn in e.turns
+        ]
+        seed = episodes[-1].seed + 1
+    return turns[:count]
+
+
 def terse_response(response: str) -> str:
     """A solver demonstration's answer with only the last sentence of its think text ("I push the box at
     step 3"): the situation sentence before it would triple every response of the tiny model, the cost of

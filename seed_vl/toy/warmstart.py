@@ -12,9 +12,9 @@ tiny model a short, documented substitute, one shuffled SFT over every `warmstar
     and random-action episodes (mostly avoidance rules), so that the model can write skills;
   * optionally, lookup pretraining before it and lookup drills within it (`lookup_steps`,
     `lookup_drills`: `seed_vl.toy.lookup_pretraining`), the in-context retrieval that following a route needs;
-  * optionally, perception pretraining after the lookup and perception drills within the SFT
-    (`perception_steps`, `perception_drills`: `seed_vl.toy.perception_pretraining`), the sight that acting
-    on a frame needs.
+  * optionally, perception pretraining after the lookup and drills within the SFT (`perception_steps`,
+    `perception_skill_turns`, `perception_drills`, `skill_drills`: `seed_vl.toy.perception_pretraining`),
+    the sight that acting on a frame needs and the reading of a skill in the policy's own prompt.
 
 It stops early on purpose (few demonstrations, few epochs): the base policy should solve a minority of
 held-out episodes and leave room for RL. `warmstart.json` records the settings, the SFT loss curve, the
@@ -57,6 +57,7 @@ from seed_vl.toy.demonstrations import (
     demonstration_examples,
     play_demonstrations,
     play_random_episodes,
+    skill_turns,
     terse_answers,
     terse_response,
 )
@@ -69,7 +70,7 @@ from seed_vl.tracking import Phase
 
 SUMMARY_FILE, MODEL_DIR = "warmstart.json", "model"
 # Seed streams of the warm start's own draws (demonstration phrasing, random-action episodes).
-_DEMO_STREAM, _ANALYZER_STREAM, _LOOKUP_STREAM, _PERCEPTION_STREAM = 0x3A12, 0x3A13, 0x3A14, 0x3A15
+_DEMO_STREAM, _ANALYZER_STREAM, _LOOKUP_STREAM, _PERCEPTION_STREAM, _SKILL_STREAM = 0x3A12, 0x3A13, 0x3A14, 0x3A15, 0x3A16
 
 
 def run_warmstart(config: Config) -> Path:
@@ -152,11 +153,16 @@ def warmstart_examples(
             bar.update()
     rng = random.Random(derive_seed(_LOOKUP_STREAM, ws.seed))
     demonstrations += [lookup_drill(rng) for _ in range(ws.lookup_drills)]
+    sokoban = env_config(config, "sokoban_visual")
     if ws.perception_drills:
-        sokoban = env_config(config, "sokoban_visual")
         demonstrations += final_push_turns(
             sokoban, ws.perception_drills, seed=sokoban.train_seed_start, image_settings=images,
             rng=random.Random(derive_seed(_PERCEPTION_STREAM, ws.seed)),
+        )
+    if ws.skill_drills:
+        demonstrations += skill_turns(
+            sokoban, ws.skill_drills, seed=sokoban.train_seed_start, history_window=config.rollout.history_window,
+            image_settings=images, rng=random.Random(derive_seed(_SKILL_STREAM, ws.seed)),
         )
     return demonstrations, analysis
 
@@ -191,7 +197,8 @@ def ensure_base_model(config: Config) -> Path:
     if ws.perception_steps:
         base = perception_pretrained(
             base, ws.perception_steps, ws.perception_states, config.model, env_config(config, "sokoban_visual"),
-            seed=ws.seed, show_progress=config.logging.progress,
+            seed=ws.seed, skill_turns=ws.perception_skill_turns, history_window=config.rollout.history_window,
+            show_progress=config.logging.progress,
         )
     return base
 
