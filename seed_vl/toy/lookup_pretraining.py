@@ -10,7 +10,8 @@ SFT as chat examples. A stand-in for pretraining, not part of SEED; Sokoban's mo
 
 Measured on the Sokoban recipe: the move accuracy jumps from about 50% to 95-98% (chance 25%) after about
 300 steps with one build of the tiny tokenizer and after 700-1,100 with another (the same token boundaries,
-other ids), so the recipe's 600 steps (4 minutes) reach 98% or 52% depending on the build. The warm
+other ids): 600 steps reached 98% or 52% depending on the build, so the recipe runs 1,500 (6 minutes; 97.8%
+with the current build, the jump at steps 900-1,100). The warm
 start's SFT unlearns it (16-26% afterwards, `lookup_accuracy`); with 1,200 drills in the SFT the
 self-analyzer's skills quote more winning routes, yet the policy still ignores a skill. With
 `warmstart.freeze_attention` too, the lookup partly survives the SFT (86% from 98%, 45% from 52%) and the
