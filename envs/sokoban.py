@@ -418,6 +418,12 @@ _DETOUR = (
 )
 
 
+def winning_skill(moves: Sequence[str | None], rng: random.Random) -> str:
+    """A solved room's workflow skill: `moves` (None for a turn without a valid move) quoted as a route, in
+    one of several phrasings."""
+    return phrase(rng, _SUCCESS, route=step_route(moves), n=len(moves))
+
+
 def sokoban_hindsight(start: SokobanState, trace: Sequence[SokobanTurn], rng: random.Random) -> Hindsight:
     """A workflow skill for a solved room; otherwise an avoidance rule naming the mistake: the push that
     made the room unsolvable, else the moves wasted against walls, else invalid answers, else detours."""
@@ -428,7 +434,7 @@ def sokoban_hindsight(start: SokobanState, trace: Sequence[SokobanTurn], rng: ra
     if trace and trace[-1].state.solved:
         verdict = "optimal" if n == m else f"the shortest solution takes {m}"
         summary = f"Solved the {room} in {n} steps ({verdict})."
-        skill = phrase(rng, _SUCCESS, route=step_route(moves), n=n)
+        skill = winning_skill(moves, rng)
         return Hindsight(episode_summary=summary, episode_skill=skill)
 
     plan_text = step_route(plan)

@@ -49,6 +49,11 @@ def prepare_image(image: Image.Image, min_pixels: int, max_pixels: int) -> Image
     new_height, new_width = smart_resize(height, width, PATCH_FACTOR, min_pixels, max_pixels)
     if new_height == 0 or new_width == 0:
         raise ImageError(f"image {width}x{height} is too elongated to fit max_pixels={max_pixels}")
+    if new_height * new_width > max_pixels:  # grown past max_pixels to reach min_pixels on the 28-px grid
+        raise ImageError(
+            f"model.min_pixels..max_pixels ({min_pixels}..{max_pixels}) is too narrow for a {width}x{height} "
+            f"image: its nearest size on the {PATCH_FACTOR}-pixel grid is {new_width}x{new_height}; widen it"
+        )
     rgb = to_rgb(image)
     if rgb.size == (new_width, new_height):
         return rgb

@@ -220,7 +220,7 @@ class WarmstartConfig(Section):
     # Lookup pretraining first (seed_vl/toy/lookup_pretraining.py): steps of finding a step in a route and
     # copying its move, what following a skill needs; 0 = none. Cached in `<base_model>-lookup/`.
     lookup_steps: int = Field(0, ge=0)
-    lookup_drills: int = Field(0, ge=0)  # lookup documents as chat examples mixed into the SFT
+    lookup_drills: int = Field(0, ge=0)  # lookup and copy documents (half each) as chat examples in the SFT
     freeze_attention: bool = False  # SFT leaves the decoder's attention (where the lookup lives) as it is
     # Perception pretraining next (seed_vl/toy/perception_pretraining.py): steps of frame -> winning move on
     # rooms one push from solved, what acting on the frame needs; 0 = none. Needs sokoban_visual in `envs`.

@@ -105,9 +105,11 @@ def test_results_show_the_base_policys_skill_preconditions(tmp_path):
     measured = {"random_success_rate": 0.375, "one_action/solved": 0.25, "one_action/top_move": 0.75,
                 "skills/success/none": 0.25, "skills/success/correct": 0.5, "skills/success/wrong": 0.25,
                 "skills/gap/won": 0.61, "skills/gate/won": 0.93, "skills/gap/lost": -0.02,
-                "skills/gate/lost": 0.47, "analyzer/valid": 0.9375, "analyzer/agree": 0.5,
+                "skills/gate/lost": 0.47, "skills/gap_correct/won": 1.34, "skills/gate_correct/won": 0.79,
+                "analyzer/valid": 0.9375, "analyzer/agree": 0.5,
                 "analyzer/agree_won": float("nan")}
     out = tmp_path / "RESULTS.md"
     write_results(cfg, [_run("Sokoban", "grpo", 0, [(0, 0.2), (100, 0.3)])], out, 1.0, None, [],
                   {"Sokoban": measured})
-    assert "| Sokoban | 37.5 | 25.0 | 75.0 | 25.0 | 50.0 | 25.0 | +0.610 | 0.930 | -0.020 | 0.470 | 93.8 | 50.0 | — |" in out.read_text()
+    row = "| Sokoban | 37.5 | 25.0 | 75.0 | 25.0 | 50.0 | 25.0 | +0.610 | 0.930 | -0.020 | 0.470 | +1.340 | 0.790 |"
+    assert row + " 93.8 | 50.0 | — |" in out.read_text()

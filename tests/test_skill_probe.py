@@ -9,12 +9,19 @@ import re
 import pytest
 from transformers import AutoProcessor
 
+from seed_vl.analyzer import parse_analysis
 from seed_vl.config import EnvConfig, load_config
 from seed_vl.envs import sokoban
 from seed_vl.envs.base import step_route
 from seed_vl.policy import Policy
 from seed_vl.toy import skill_probe
-from seed_vl.toy.lookup_pretraining import lookup_document, lookup_drill
+from seed_vl.toy.lookup_pretraining import (
+    copy_document,
+    copy_drill,
+    lookup_batch,
+    lookup_document,
+    lookup_drill,
+)
 from seed_vl.toy.skill_probe import correct_skills, hindsight_skills, measure_skill_following, move_token_gaps
 from seed_vl.trajectory import Trajectory, Turn
 
@@ -47,21 +54,28 @@ def test_probe_reports_every_condition_on_the_tiny_model(tiny_vl_path, monkeypat
         "rollout.temperature=0.9", "eval.temperature=0.4",
     ])
     policy = Policy.from_config(config.model, trainable=False)
-    scored_at = []  # the gap is scored as the trainer scores: at the rollout temperature, not the eval's
+    calls = []
 
-    def spy(*args, temperature):
-        scored_at.append(temperature)
-        return move_token_gaps(*args, temperature=temperature)
+    def spy(policy, episodes, skills, temperature):
+        calls.append((episodes, skills, temperature))
+        return move_token_gaps(policy, episodes, skills, temperature=temperature)
 
     monkeypatch.setattr(skill_probe, "move_token_gaps", spy)
     metrics = measure_skill_following(policy, config, config.env, num_tasks=3)
-    assert scored_at == [0.9, 0.9]
+    # Scored as the trainer scores: at the rollout temperature, not the eval's. Per outcome: the no-skill
+    # episodes with their own hindsight skill, then the correct-skill episodes with the skill they were shown.
+    assert [temperature for *_, temperature in calls] == [0.9] * 4
+    for episodes, skills, _ in calls[1::2]:
+        assert skills == [correct_skills(config.env, [e.seed])[e.seed] for e in episodes]
+    for episodes, skills, _ in calls[::2]:
+        assert skills == hindsight_skills(config.env, episodes, seed=config.warmstart.seed)
     assert {f"success/{c}" for c in ("none", "correct", "wrong")} <= set(metrics)
     assert all(0.0 <= metrics[f"success/{c}"] <= 1.0 for c in ("none", "correct", "wrong"))
     for outcome in ("won", "lost"):
-        gate = metrics[f"gate/{outcome}"]
-        assert math.isnan(gate) == (metrics[f"move_tokens/{outcome}"] == 0)
-        assert math.isnan(gate) or 0.0 < gate < 1.0
+        for suffix in ("", "_correct"):
+            gate = metrics[f"gate{suffix}/{outcome}"]
+            assert math.isnan(gate) == (metrics[f"move_tokens{suffix}/{outcome}"] == 0)
+            assert math.isnan(gate) or 0.0 < gate < 1.0
 
 
 def test_lookup_documents_label_only_the_looked_up_moves(tiny_vl_path):
@@ -74,6 +88,41 @@ def test_lookup_documents_label_only_the_looked_up_moves(tiny_vl_path):
     assert len(asked) == 4 and all(route[k] == move for k, move in asked)
     labelled = [tokenizer.decode([t]) for t, label in zip(ids, labels, strict=True) if label != -100]
     assert labelled == [move for _, move in asked] and all(label in (-100, t) for t, label in zip(ids, labels, strict=True))
+
+
+def test_copy_documents_label_the_quote_from_its_first_move_to_the_end(tiny_vl_path):
+    """Copy documents: the analyzer prompt's actions line, then a winning skill quoting the same route; the
+    loss falls on the quote from its first move on (so the model learns where it ends), never on the
+    actions line."""
+    tokenizer = AutoProcessor.from_pretrained(tiny_vl_path).tokenizer
+    phrasings = set()
+    for seed in range(12):
+        ids, labels = copy_document(tokenizer, random.Random(seed))
+        text = tokenizer.decode(ids)
+        actions, skill = text.split("\n")[:2]
+        route = actions.removeprefix("Actions taken: ")
+        assert re.fullmatch(r"step 1 \w+(, step \d+ \w+)*", route) and route in skill
+        phrasings.add(skill.split("step 1")[0])
+        first = next(k for k, label in enumerate(labels) if label != -100)
+        assert all(label == token for token, label in zip(ids[first:], labels[first:], strict=True))
+        labelled = tokenizer.decode(ids[first:])
+        assert labelled.strip().startswith(route.removeprefix("step 1 ")) and labelled.endswith('"}\n')
+    assert len(phrasings) == 3  # every winning-skill phrasing of the Sokoban env
+
+
+def test_lookup_batches_count_each_kind_of_document(tiny_vl_path):
+    policy = Policy.from_pretrained(tiny_vl_path, device="cpu")
+    loss, counts = lookup_batch(policy.model, policy.tokenizer, random.Random(0), 4)
+    assert loss.item() > 0 and set(counts) == {"lookup", "copy"}
+    assert all(0 <= right <= total and total > 0 for right, total in counts.values())
+
+
+def test_copy_drills_answer_with_a_skill_quoting_the_actions():
+    for seed in range(6):
+        example = copy_drill(random.Random(seed))
+        route = example.context[0]["content"].split("Actions taken: ")[1]
+        summary, skill = parse_analysis(example.response, min_words=5)
+        assert route in skill and summary.startswith("Solved the room in")
 
 
 def test_lookup_drills_answer_each_looked_up_step_with_its_move():
@@ -89,8 +138,8 @@ def test_lookup_probe_trains_and_reports_accuracy(tiny_vl_path, tmp_path, capsys
     assert probe.main(["--model", tiny_vl_path, "--steps", "2", "--batch", "2"]) == 0
     assert "move accuracy" in capsys.readouterr().out
     assert probe.main(["--model", tiny_vl_path, "--steps", "0"]) == 0
-    measured = re.search(r"move accuracy ([\d.]+) \(chance 0.250\), no training", capsys.readouterr().out)
-    assert measured and 0.0 <= float(measured[1]) <= 1.0
+    measured = re.search(r"move accuracy lookup ([\d.]+), copy ([\d.]+) \(chance 0.250\), no training", capsys.readouterr().out)
+    assert measured and 0.0 <= float(measured[1]) <= 1.0 and 0.0 <= float(measured[2]) <= 1.0
     with pytest.raises(SystemExit) as exit_info:
         probe.main(["--model", tiny_vl_path, "--steps", "-1"])
     assert exit_info.value.code == 2 and "--steps: must be >= 0" in capsys.readouterr().err

@@ -9,7 +9,10 @@ scripted hindsight skill (what SEED's teacher sees with the scripted analyzer): 
 episodes. Both are scored as the trainer scores, at the rollout temperature: at the evaluation's 0.4 the
 student's own sampled moves sit near log-prob 0, so the gap can hardly be positive. A policy that reads
 skills wins more with the correct one, not with the wrong one, and its gap is positive on won episodes,
-whose skill names the moves they took.
+whose skill names the moves they took. The same gap and gate are also measured on the correct-skill
+episodes, each scored with and without the skill it was played with (`gap_correct/*`): how much a correct
+skill raises the moves it led to, which is what the issue's precondition table reads "on the same
+trajectories" as.
 """
 
 from __future__ import annotations
@@ -47,13 +50,19 @@ def measure_skill_following(policy: Policy, config: Config, env: EnvConfig, num_
         metrics[f"success/{condition}"] = statistics.fmean(e.won for e in episodes)
         played[condition] = episodes
     for outcome in ("won", "lost"):
-        episodes = [e for e in played["none"] if e.won == (outcome == "won")]
-        own = hindsight_skills(env, episodes, seed=config.warmstart.seed)
-        gaps = torch.tensor(move_token_gaps(policy, episodes, own, temperature=config.rollout.temperature))
-        gates = opd_gate(torch.zeros_like(gaps), gaps, config.algorithm.gate_beta)
-        metrics[f"gap/{outcome}"] = gaps.mean().item() if len(gaps) else math.nan
-        metrics[f"gate/{outcome}"] = gates.mean().item() if len(gaps) else math.nan
-        metrics[f"move_tokens/{outcome}"] = len(gaps)
+        # No-skill episodes with their own hindsight skill (SEED's case); correct-skill ones with theirs.
+        for suffix, condition in (("", "none"), ("_correct", "correct")):
+            episodes = [e for e in played[condition] if e.won == (outcome == "won")]
+            if condition == "none":
+                skills_shown = hindsight_skills(env, episodes, seed=config.warmstart.seed)
+            else:
+                skills_shown = [skills[e.seed] for e in episodes]
+            temperature = config.rollout.temperature
+            gaps = torch.tensor(move_token_gaps(policy, episodes, skills_shown, temperature=temperature))
+            gates = opd_gate(torch.zeros_like(gaps), gaps, config.algorithm.gate_beta)
+            metrics[f"gap{suffix}/{outcome}"] = gaps.mean().item() if len(gaps) else math.nan
+            metrics[f"gate{suffix}/{outcome}"] = gates.mean().item() if len(gaps) else math.nan
+            metrics[f"move_tokens{suffix}/{outcome}"] = len(gaps)
     return metrics
 
 

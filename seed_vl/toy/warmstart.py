@@ -61,7 +61,7 @@ from seed_vl.toy.demonstrations import (
     terse_answers,
     terse_response,
 )
-from seed_vl.toy.lookup_pretraining import lookup_drill, lookup_pretrained
+from seed_vl.toy.lookup_pretraining import copy_drill, lookup_drill, lookup_pretrained
 from seed_vl.toy.perception_pretraining import final_push_turns, perception_pretrained
 from seed_vl.toy.perception_probe import measure_perception
 from seed_vl.toy.skill_probe import analyzer_agreement, measure_skill_following
@@ -152,7 +152,7 @@ def warmstart_examples(
             analysis += analyzer_examples(config, env, ws.analyzer_episodes, images, rng)
             bar.update()
     rng = random.Random(derive_seed(_LOOKUP_STREAM, ws.seed))
-    demonstrations += [lookup_drill(rng) for _ in range(ws.lookup_drills)]
+    demonstrations += [(copy_drill if k % 2 else lookup_drill)(rng) for k in range(ws.lookup_drills)]
     sokoban = env_config(config, "sokoban_visual")
     if ws.perception_drills:
         demonstrations += final_push_turns(
