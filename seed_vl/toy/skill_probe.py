@@ -49,16 +49,16 @@ def measure_skill_following(policy: Policy, config: Config, env: EnvConfig, num_
         episodes = play_with_skills(policy, env, seeds, skill_of, sampling, seed=config.warmstart.seed)
         metrics[f"success/{condition}"] = statistics.fmean(e.won for e in episodes)
         played[condition] = episodes
+    # No-skill episodes with their own hindsight skill (SEED's case); correct-skill ones with theirs.
+    own = hindsight_skills(env, played["none"], seed=config.warmstart.seed)
+    shown = {"": ("none", {e.seed: skill for e, skill in zip(played["none"], own, strict=True)}),
+             "_correct": ("correct", skills)}
     for outcome in ("won", "lost"):
-        # No-skill episodes with their own hindsight skill (SEED's case); correct-skill ones with theirs.
-        for suffix, condition in (("", "none"), ("_correct", "correct")):
+        for suffix, (condition, skill_of) in shown.items():
             episodes = [e for e in played[condition] if e.won == (outcome == "won")]
-            if condition == "none":
-                skills_shown = hindsight_skills(env, episodes, seed=config.warmstart.seed)
-            else:
-                skills_shown = [skills[e.seed] for e in episodes]
-            temperature = config.rollout.temperature
-            gaps = torch.tensor(move_token_gaps(policy, episodes, skills_shown, temperature=temperature))
+            gaps = torch.tensor(move_token_gaps(
+                policy, episodes, [skill_of[e.seed] for e in episodes], temperature=config.rollout.temperature,
+            ))
             gates = opd_gate(torch.zeros_like(gaps), gaps, config.algorithm.gate_beta)
             metrics[f"gap{suffix}/{outcome}"] = gaps.mean().item() if len(gaps) else math.nan
             metrics[f"gate{suffix}/{outcome}"] = gates.mean().item() if len(gaps) else math.nan
