@@ -4,7 +4,9 @@ generator driven by seeded generators, an optimal BFS solver, the episode rules 
 Rules: actions up/down/left/right (walking into a box pushes it when the cell beyond is free); -0.1 per
 step, +1 when a box reaches a target, -1 when one leaves a target, +10 when every box is on a target
 (terminated); an invalid action (None, anything outside the four moves) costs -0.1 and does not move;
-the episode is truncated after `max_steps` (15) steps.
+the episode is truncated after `max_steps` (15) steps. With `end_on_deadlock` (off by default, as in the
+paper's environment; on in the toy recipes) a push after which no move sequence can solve the room ends the
+episode, lost: its success is the same, but no turn is spent in a room that can no longer be won.
 """
 
 from __future__ import annotations
@@ -295,12 +297,13 @@ class SokobanEnv(Env):
 
     def __init__(
         self, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 1, max_steps: int | None = None,
-        search_depth: int = SEARCH_DEPTH,
+        search_depth: int = SEARCH_DEPTH, end_on_deadlock: bool = False,
     ) -> None:
         self.dim_room = tuple(dim_room)
         self.num_boxes = num_boxes
         self.max_steps = max_steps or MAX_STEPS
         self.search_depth = search_depth
+        self.end_on_deadlock = end_on_deadlock
         goal = "the box onto the target" if num_boxes == 1 else f"all {num_boxes} boxes onto the targets"
         self.task = (
             f"Sokoban: push {goal} in the {self.dim_room[0]}x{self.dim_room[1]} room within {self.max_steps} "
@@ -329,7 +332,9 @@ class SokobanEnv(Env):
             self.state, moved, pushed = before.move(action)
             reward += BOX_ON_TARGET_REWARD * (self.state.boxes_on_target - before.boxes_on_target)
             reward += SOLVED_REWARD if self.state.solved else 0.0
-        terminated = self.state.solved
+        # Only a push can make a room unsolvable, so only a push pays for the check.
+        deadlocked = self.end_on_deadlock and pushed and is_deadlocked(self.state)
+        terminated = self.state.solved or deadlocked
         truncated = not terminated and self._steps >= self.max_steps
         self._done = terminated or truncated
         info = self._info(action_valid=valid, moved=moved, pushed=pushed)

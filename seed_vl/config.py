@@ -76,6 +76,7 @@ class EnvConfig(Section):
     dim_room: tuple[int, int] = (6, 6)  # Sokoban
     num_boxes: int = Field(1, ge=1, le=4)  # Sokoban
     cell_px: int = Field(16, ge=4, le=64)  # Sokoban frame: pixels per grid cell
+    end_on_deadlock: bool = False  # Sokoban: a push that makes the room unsolvable ends the episode (lost)
     image_size: int = Field(300, ge=56, le=1024)  # EZPoints frame side
     textworld_level: int = Field(1, ge=1, le=30)  # TextWorld tw-treasure_hunter level
     textworld_pool_size: int = Field(16, ge=1)

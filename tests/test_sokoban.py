@@ -88,6 +88,21 @@ def test_rewards_walk_push_onto_target_and_termination():
         env.step("left")
 
 
+@pytest.mark.parametrize("cls", [SokobanTextEnv, SokobanVisualEnv])
+def test_end_on_deadlock_ends_at_the_push_that_makes_the_room_unsolvable(cls):
+    room = "######\n#_$@.#\n#____#\n######"  # pushing the box left puts it in a corner with no target
+    for end_on_deadlock, ends in ((False, False), (True, True)):
+        env = cls(end_on_deadlock=end_on_deadlock)
+        env.reset(0)
+        env.state = SokobanState.from_text(room)
+        _, reward, terminated, truncated, info = env.step("down")  # a walk: never a deadlock
+        assert not terminated and not info["pushed_box"]
+        env.step("up")
+        _, reward, terminated, truncated, info = env.step("left")  # the deadlocking push
+        assert info["pushed_box"] and is_deadlocked(env.state)
+        assert (terminated, truncated, info["won"], reward) == (ends, False, False, pytest.approx(-0.1))
+
+
 def test_box_off_target_costs_one_and_a_second_box_on_target_earns_one():
     env = SokobanTextEnv()
     env.reset(0)
