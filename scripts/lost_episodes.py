@@ -36,12 +36,12 @@ def lost_episode_stats(run_dir: Path, max_steps: int | None = None) -> dict[str,
                 continue
             lost += 1
             env.reset(record["seed"])
-            turns = record["turns"]
+            state, turns = env.state, record["turns"]
             turns_lost += len(turns)
             for move, turn in enumerate(turns, 1):
                 if turn["action_valid"]:
-                    env.state = env.state.move(turn["action"])[0]
-                if is_deadlocked(env.state):
+                    state = state.move(turn["action"])[0]
+                if is_deadlocked(state):
                     unsolvable_at[move] += 1
                     turns_after += len(turns) - move
                     break
@@ -63,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dirs", nargs="+", type=Path, help="Sokoban run directories written by `seed-vl train`")
     parser.add_argument("--steps", type=int, default=None, help="only the first N update steps")
     args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be at least 1 (got {args.steps})")
     try:
         for run_dir in args.run_dirs:
             stats = lost_episode_stats(run_dir, args.steps)
