@@ -3,8 +3,10 @@
 those whose room became unsolvable (a box pushed where no move sequence brings it to a target), at which
 move, and how many turns were then spent in a room that could no longer be won. Those turns carry the
 episode's negative advantage in a GRPO update although nothing they do matters (`env.end_on_deadlock`).
+It also reports success by the room's shortest solution length: rooms always won or never won give GRPO
+groups of equal returns, so the rooms in between are where its learning signal lies.
 
-python scripts/lost_episodes.py RUN_DIR [RUN_DIR ...] [--steps N]
+python scripts/lost_episodes.py RUN_DIR [RUN_DIR ...] [--steps N | --last N]
 """
 
 from __future__ import annotations
@@ -17,38 +19,46 @@ from pathlib import Path
 
 from seed_vl.config import ConfigError, load_config
 from seed_vl.envs.registry import make_env
-from seed_vl.envs.sokoban import SokobanEnv, is_deadlocked
+from seed_vl.envs.sokoban import SokobanEnv, is_deadlocked, solve
 from seed_vl.report import read_trajectories, trajectory_steps
 
 
-def lost_episode_stats(run_dir: Path, max_steps: int | None = None) -> dict[str, float]:
+def _sokoban_env(run_dir: Path) -> SokobanEnv:
     env = make_env(load_config(run_dir / "config.yaml", []).env)
     if not isinstance(env, SokobanEnv):
         raise ConfigError(f"{run_dir}: not a Sokoban run ({env.name})")
-    episodes = lost = 0
-    turns_lost = turns_after = 0
+    return env
+
+
+def _records(run_dir: Path, steps: slice) -> tuple[int, list[dict]]:
+    """(number of update steps, their trajectory records) for the update steps in `steps`."""
+    step_dirs = [step_dir for _, step_dir in sorted(trajectory_steps(run_dir).items())][steps]
+    return len(step_dirs), [r for d in step_dirs for r in read_trajectories(d / "trajectories.jsonl")]
+
+
+def lost_episode_stats(run_dir: Path, steps: slice = slice(None)) -> dict[str, float]:
+    env = _sokoban_env(run_dir)
+    lost = turns_lost = turns_after = 0
     unsolvable_at: Counter[int] = Counter()
-    steps = sorted(trajectory_steps(run_dir).items())[:max_steps]
-    for _, step_dir in steps:
-        for record in read_trajectories(step_dir / "trajectories.jsonl"):
-            episodes += 1
-            if record["won"]:
-                continue
-            lost += 1
-            env.reset(record["seed"])
-            state, turns = env.state, record["turns"]
-            turns_lost += len(turns)
-            for move, turn in enumerate(turns, 1):
-                if turn["action_valid"]:
-                    state = state.move(turn["action"])[0]
-                if is_deadlocked(state):
-                    unsolvable_at[move] += 1
-                    turns_after += len(turns) - move
-                    break
+    num_steps, records = _records(run_dir, steps)
+    for record in records:
+        if record["won"]:
+            continue
+        lost += 1
+        env.reset(record["seed"])
+        state, turns = env.state, record["turns"]
+        turns_lost += len(turns)
+        for move, turn in enumerate(turns, 1):
+            if turn["action_valid"]:
+                state = state.move(turn["action"])[0]
+            if is_deadlocked(state):
+                unsolvable_at[move] += 1
+                turns_after += len(turns) - move
+                break
     unsolvable = sum(unsolvable_at.values())
     return {
-        "update steps": len(steps),
-        "episodes": episodes,
+        "update steps": num_steps,
+        "episodes": len(records),
         "lost": lost,
         "lost, room made unsolvable": unsolvable,
         "share of lost": unsolvable / max(lost, 1),
@@ -58,17 +68,39 @@ def lost_episode_stats(run_dir: Path, max_steps: int | None = None) -> dict[str,
     }
 
 
+def success_by_solution_length(run_dir: Path, steps: slice = slice(None)) -> dict[int, tuple[int, int]]:
+    """Shortest solution length of the room -> (episodes won, episodes)."""
+    env = _sokoban_env(run_dir)
+    length: dict[int, int] = {}
+    counts: dict[int, list[int]] = {}
+    for record in _records(run_dir, steps)[1]:
+        if record["seed"] not in length:
+            env.reset(record["seed"])
+            length[record["seed"]] = len(solve(env.state) or [])
+        won_total = counts.setdefault(length[record["seed"]], [0, 0])
+        won_total[0] += bool(record["won"])
+        won_total[1] += 1
+    return {k: (won, total) for k, (won, total) in sorted(counts.items())}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="Sokoban run directories written by `seed-vl train`")
-    parser.add_argument("--steps", type=int, default=None, help="only the first N update steps")
+    window = parser.add_mutually_exclusive_group()
+    window.add_argument("--steps", type=int, default=None, help="only the first N update steps")
+    window.add_argument("--last", type=int, default=None, help="only the last N update steps")
     args = parser.parse_args(argv)
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps must be at least 1 (got {args.steps})")
+    for flag in ("steps", "last"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1 (got {getattr(args, flag)})")
+    steps = slice(-args.last, None) if args.last else slice(args.steps)
     try:
         for run_dir in args.run_dirs:
-            stats = lost_episode_stats(run_dir, args.steps)
+            stats = lost_episode_stats(run_dir, steps)
             print(f"{run_dir}: " + ", ".join(f"{k} {v:.3g}" for k, v in stats.items()))
+            by_length = success_by_solution_length(run_dir, steps)
+            print("  won by shortest solution: " + ", ".join(
+                f"{k} moves {won}/{total}" for k, (won, total) in by_length.items()))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -58,3 +58,17 @@ def test_a_run_that_is_not_sokoban_is_a_one_line_error(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "lost_episodes.py"), str(tmp_path)],
                             capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0 and "not a Sokoban run" in result.stderr
+
+
+def test_success_is_counted_by_the_rooms_shortest_solution(tmp_path):
+    # A room that one move solves has a shortest solution of 1 (no room starts solved).
+    seed, move = next((seed, a) for seed in range(200) for a in ACTIONS
+                      if generate_room(seed, (6, 6), 1, 30).move(a)[0].solved)
+    step_dir = tmp_path / "trajectories" / "step_000001"
+    step_dir.mkdir(parents=True)
+    records = [_record(seed, True, [move]), _record(seed, False, ["up" if move != "up" else "down"])]
+    (step_dir / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    save_config(Config.model_validate({"env": {"name": "sokoban_text"}}), tmp_path / "config.yaml")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "lost_episodes.py"), str(tmp_path), "--last", "1"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "won by shortest solution: 1 moves 1/2\n" in out
