@@ -1,5 +1,6 @@
 """`seed-vl reproduce` on a minimal budget: every run trains, the RESULTS table and figures are written, an
-interrupted run continues from its checkpoint, and --report-only renders the same file without training."""
+interrupted run continues from its checkpoint, --report-only renders the same file without training, and a
+half-finished reproduction says so."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from seed_vl.config import ConfigError
+from seed_vl.toy import warmstart
 from seed_vl.toy.reproduce import ReproduceConfig, RunResult, reproduce, write_results
 
 
-def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
+def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, monkeypatch, capsys):
     run_overrides = [
         f"warmstart.base_model={tiny_vl_path}",
         "warmstart.demonstrations=2", "warmstart.analyzer_episodes=0", "warmstart.epochs=1",
@@ -59,8 +61,8 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
     records = [json.loads(line) for line in (interrupted / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[-1]["train/return"] == finished["train/return"]  # step 2 replayed exactly
-    timings = json.loads((tmp_path / "runs" / "timings.json").read_text())
-    assert len(timings) == 8 and all(seconds > 0 for seconds in timings.values())
+    timings = [json.loads(p.read_text())["seconds"] for p in (tmp_path / "runs").glob("*/wall_time.json")]
+    assert len(timings) == 8 and all(seconds > 0 for seconds in timings)
 
     # Other warm-start settings would rebuild the shared base under the finished runs: refused, nothing lost.
     with pytest.raises(ConfigError, match="runs started from a warm start"):
@@ -70,6 +72,13 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path):
             f"figures_dir={tmp_path / 'figures'}",
         ])
     assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime
+
+    # A code change alone keeps the base the started runs share (a reproduction spans sessions of development).
+    built = (tmp_path / "runs" / "warmstart" / "warmstart.json").stat().st_mtime
+    monkeypatch.setattr(warmstart, "source_digest", lambda: "edited")
+    reproduce(None, args)
+    assert "the code has changed since" in capsys.readouterr().err
+    assert (tmp_path / "runs" / "warmstart" / "warmstart.json").stat().st_mtime == built
 
 
 def _run(task: str, method: str, seed: int, curve: list[tuple[int, float]]) -> RunResult:
@@ -113,3 +122,19 @@ def test_results_show_the_base_policys_skill_preconditions(tmp_path):
                   {"Sokoban": measured})
     row = "| Sokoban | 37.5 | 25.0 | 75.0 | 25.0 | 50.0 | 25.0 | +0.610 | 0.930 | -0.020 | 0.470 | +1.340 | 0.790 |"
     assert row + " 93.8 | 50.0 | — |" in out.read_text()
+
+
+def test_a_reproduction_rendered_half_way_says_which_cells_lack_seeds(tmp_path):
+    cfg = ReproduceConfig(tasks={"Sokoban": "a.yaml"}, methods=["grpo", "seed"], seeds=[0, 1, 2])
+    results = [_run("Sokoban", "grpo", seed, [(0, 0.2), (100, value)]) for seed, value in ((0, 0.3), (1, 0.5))]
+    out = tmp_path / "RESULTS.md"
+    write_results(cfg, results, out, 1.0, None, [])
+    text = out.read_text()
+    assert "**Partial: 2 of the 6 runs have finished.**" in text
+    assert "| GRPO | 40.0 ± 14.1 (2 of 3 seeds) |" in text
+    assert "| SEED (self analyzer) | n/a |" in text
+
+    write_results(cfg, results + [_run("Sokoban", m, s, [(0, 0.2), (100, 0.4)]) for m, s in
+                                  (("grpo", 2), ("seed", 0), ("seed", 1), ("seed", 2))], out, 1.0, None, [])
+    text = out.read_text()
+    assert "Partial" not in text and "of 3 seeds" not in text and "| GRPO | 40.0 ± 10.0 |" in text

@@ -3,7 +3,7 @@ base, several seeds each, equal environment-step budgets; writes a RESULTS.md ta
 
 It may take hours on a CPU, so it resumes: the same command again skips finished runs and continues an
 unfinished one from its last checkpoint (`checkpoint.every` in the recipe sets how much a crash can cost).
-Each run's wall time is recorded in `<output_dir>/timings.json`; `--report-only` re-renders RESULTS.md
+Each run's wall time is recorded in its `wall_time.json`; `--report-only` re-renders RESULTS.md
 from the finished runs alone, without training.
 """
 
@@ -13,6 +13,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from seed_vl.checkpoint import list_checkpoints, load_trainer_state
 from seed_vl.config import Config, ConfigError, Section, load_config
 from seed_vl.io import atomic_write_text
 from seed_vl.plots import plot_runs
-from seed_vl.toy.warmstart import SUMMARY_FILE, cached_key, run_warmstart, warmstart_key
+from seed_vl.toy.warmstart import SUMMARY_FILE, cached_key, run_warmstart, warmstart_key, warmstart_settings
 from seed_vl.tracking import read_metrics
 from seed_vl.trainer import run_dir_for, run_finished, train
 
@@ -46,7 +47,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
         ],
     ),
 }
-TIMINGS_FILE = "timings.json"
+WALL_TIME_FILE = "wall_time.json"  # in each run directory: its training seconds, summed over sessions
 
 
 class ReproduceConfig(Section):
@@ -130,14 +131,18 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
     }
     if not report_only:
         started = [c for c in runs.values() if list_checkpoints(run_dir_for(c) / "checkpoints")]
-        if started and cached_key(warmstart_dir) != warmstart_key(first):
+        if not started or cached_key(warmstart_dir) == warmstart_key(first):
+            run_warmstart(first)
+        elif _built_settings(warmstart_dir) != json.loads(json.dumps(warmstart_settings(first))):
             raise ConfigError(
-                f"{cfg.output_dir}: its runs started from a warm start that the current code or settings would "
-                "rebuild; remove the directory (or set output_dir) to start over, or pass --report-only"
+                f"{cfg.output_dir}: its runs started from a warm start that the current settings would rebuild; "
+                "remove the directory (or set output_dir) to start over, or pass --report-only"
             )
-        run_warmstart(first)
+        else:  # a reproduction spans sessions: a code change alone does not discard the base its runs share
+            print(f"[reproduce] the code has changed since {warmstart_dir} was built; its started runs continue "
+                  "from it (remove the directory to rebuild)", file=sys.stderr)
         for (task, method, seed), run_cfg in runs.items():
-            _train_to_the_end(run_cfg, f"{task} / {method} / seed {seed}", Path(cfg.output_dir) / TIMINGS_FILE)
+            _train_to_the_end(run_cfg, f"{task} / {method} / seed {seed}")
 
     results = []
     for (task, method, seed), run_cfg in runs.items():
@@ -150,7 +155,7 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
         if task_runs:
             figure = Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png"
             plot_runs([r.run_dir for r in task_runs], figure, labels=[r.method for r in task_runs])
-    minutes = _recorded_minutes(Path(cfg.output_dir), warmstart_dir, [r.run_dir.name for r in results])
+    minutes = _recorded_minutes(warmstart_dir, [r.run_dir for r in results])
     measured = _base_measures(warmstart_dir)
     preconditions = {task: measured[env] for task, env in zip(cfg.tasks, envs, strict=True) if env in measured}
     write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides, preconditions)
@@ -166,29 +171,40 @@ def run_status(config: Config) -> str:
     return "finished" if run_finished(config.train, state.step, state.counters["env_steps"]) else "unfinished"
 
 
-def _train_to_the_end(config: Config, label: str, timings: Path) -> None:
+def _train_to_the_end(config: Config, label: str) -> None:
     status = run_status(config)
     if status == "finished":
         return
     print(f"[reproduce] {label}" + (" (continued)" if status == "unfinished" else ""), flush=True)
-    started = time.perf_counter()
-    if status == "unfinished":
-        train(config, resume=str(run_dir_for(config)))
-    else:  # a run that never reached a checkpoint starts over
-        train(config, overwrite=True)
-    seconds = json.loads(timings.read_text()) if timings.is_file() else {}
-    name = run_dir_for(config).name
-    seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - started  # summed over sessions
-    atomic_write_text(timings, json.dumps(seconds, indent=1, sort_keys=True) + "\n")
+    run_dir, started = run_dir_for(config), time.perf_counter()
+    earlier = _wall_time_s(run_dir) if status == "unfinished" else 0.0
+    try:
+        if status == "unfinished":
+            train(config, resume=str(run_dir))
+        else:  # a run that never reached a checkpoint starts over
+            train(config, overwrite=True)
+    finally:  # an interrupted session's time counts too; one file per run, so parallel shards never collide
+        if run_dir.is_dir():
+            total = earlier + time.perf_counter() - started
+            atomic_write_text(run_dir / WALL_TIME_FILE, json.dumps({"seconds": total}) + "\n")
 
 
-def _recorded_minutes(output_dir: Path, warmstart_dir: Path, run_names: list[str]) -> float:
+def _wall_time_s(run_dir: Path) -> float:
+    path = run_dir / WALL_TIME_FILE
+    return json.loads(path.read_text())["seconds"] if path.is_file() else 0.0
+
+
+def _recorded_minutes(warmstart_dir: Path, run_dirs: list[Path]) -> float:
     """Training wall time of the reported runs plus the warm start's, as recorded when they ran."""
-    timings = output_dir / TIMINGS_FILE
-    seconds = json.loads(timings.read_text()) if timings.is_file() else {}
     warmstart = warmstart_dir / SUMMARY_FILE
     total = json.loads(warmstart.read_text()).get("wall_time_s", 0.0) if warmstart.is_file() else 0.0
-    return (total + sum(seconds.get(name, 0.0) for name in run_names)) / 60
+    return (total + sum(_wall_time_s(run_dir) for run_dir in run_dirs)) / 60
+
+
+def _built_settings(warmstart_dir: Path) -> dict | None:
+    """The settings the warm start in `warmstart_dir` was built with (`warmstart.json`; None: none)."""
+    summary = warmstart_dir / SUMMARY_FILE
+    return json.loads(summary.read_text()).get("settings") if summary.is_file() else None
 
 
 def _base_measures(warmstart_dir: Path) -> dict[str, dict[str, float]]:
@@ -263,22 +279,27 @@ def first_reach(curves: list[list[tuple[float, float]]], target: float) -> float
     return math.nan
 
 
-def _mean_std(values: list[float]) -> str:
+def _mean_std(values: list[float], num_seeds: int | None = None) -> str:
+    """Mean ± std in %; `num_seeds`: the seeds planned, named when fewer runs have finished."""
+    finished = len(values)
     values = [v for v in values if not math.isnan(v)]
     if not values:
         return "n/a"
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.fmean(values):.1f} ± {100 * std:.1f}"
+    partial = f" ({finished} of {num_seeds} seeds)" if num_seeds and finished < num_seeds else ""
+    return f"{100 * statistics.fmean(values):.1f} ± {100 * std:.1f}{partial}"
 
 
 def _method_table_header(tasks: list[str]) -> list[str]:
     return ["| Method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
 
 
-def _success_rows(methods, tasks, by, statistic: Callable[[RunResult], float]) -> list[str]:
-    """One table row per method: `statistic` of each run, mean ± std over seeds, per task."""
+def _success_rows(methods, tasks, by, statistic: Callable[[RunResult], float], num_seeds: int) -> list[str]:
+    """One table row per method: `statistic` of each run, mean ± std over the finished seeds, per task."""
     return [
-        f"| {_method_name(m)} | " + " | ".join(_mean_std([statistic(r) for r in by[(t, m)]]) for t in tasks) + " |"
+        f"| {_method_name(m)} | "
+        + " | ".join(_mean_std([statistic(r) for r in by[(t, m)]], num_seeds) for t in tasks)
+        + " |"
         for m in methods
     ]
 
@@ -311,18 +332,27 @@ def write_results(
         + (f" with overrides `{' '.join(cfg.overrides)}`" if cfg.overrides else "")
         + ". Success is the final held-out evaluation (temperature 0.4).",
         "",
+    ]
+    planned = len(tasks) * len(methods) * len(cfg.seeds)
+    if len(results) < planned:  # a reproduction spread over sessions, rendered half-way
+        lines += [
+            f"**Partial: {len(results)} of the {planned} runs have finished.** Cells name how many seeds they "
+            "average; the same command continues the others.",
+            "",
+        ]
+    lines += [
         "## Final success rate (%, mean ± std over seeds)",
         "",
         *_method_table_header(tasks),
     ]
-    lines += _success_rows(methods, tasks, by, lambda r: r.final("eval/success_rate"))
+    lines += _success_rows(methods, tasks, by, lambda r: r.final("eval/success_rate"), len(cfg.seeds))
     lines += [
         "",
         "Mean over each run's evaluations after step 0 (less noisy than the final one alone):",
         "",
         *_method_table_header(tasks),
     ]
-    lines += _success_rows(methods, tasks, by, lambda r: r.mean_after_start("eval/success_rate"))
+    lines += _success_rows(methods, tasks, by, lambda r: r.mean_after_start("eval/success_rate"), len(cfg.seeds))
     base = {t: [r.records[0].get("eval/success_rate", math.nan) for r in results if r.task == t] for t in tasks}
     lines += ["", "Base policy (step-0 evaluation, before RL): " + ", ".join(
         f"{t} {_mean_std(base[t])}" for t in tasks
