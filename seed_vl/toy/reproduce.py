@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -133,7 +134,7 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
         started = [c for c in runs.values() if list_checkpoints(run_dir_for(c) / "checkpoints")]
         if not started or cached_key(warmstart_dir) == warmstart_key(first):
             run_warmstart(first)
-        elif _built_settings(warmstart_dir) != json.loads(json.dumps(warmstart_settings(first))):
+        elif _warmstart_summary(warmstart_dir).get("settings") != json.loads(json.dumps(warmstart_settings(first))):
             raise ConfigError(
                 f"{cfg.output_dir}: its runs started from a warm start that the current settings would rebuild; "
                 "remove the directory (or set output_dir) to start over, or pass --report-only"
@@ -156,7 +157,7 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
             figure = Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png"
             plot_runs([r.run_dir for r in task_runs], figure, labels=[r.method for r in task_runs])
     minutes = _recorded_minutes(warmstart_dir, [r.run_dir for r in results])
-    measured = _base_measures(warmstart_dir)
+    measured = _warmstart_summary(warmstart_dir).get("base", {})
     preconditions = {task: measured[env] for task, env in zip(cfg.tasks, envs, strict=True) if env in measured}
     write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides, preconditions)
     return Path(cfg.results)
@@ -196,21 +197,14 @@ def _wall_time_s(run_dir: Path) -> float:
 
 def _recorded_minutes(warmstart_dir: Path, run_dirs: list[Path]) -> float:
     """Training wall time of the reported runs plus the warm start's, as recorded when they ran."""
-    warmstart = warmstart_dir / SUMMARY_FILE
-    total = json.loads(warmstart.read_text()).get("wall_time_s", 0.0) if warmstart.is_file() else 0.0
+    total = _warmstart_summary(warmstart_dir).get("wall_time_s", 0.0)
     return (total + sum(_wall_time_s(run_dir) for run_dir in run_dirs)) / 60
 
 
-def _built_settings(warmstart_dir: Path) -> dict | None:
-    """The settings the warm start in `warmstart_dir` was built with (`warmstart.json`; None: none)."""
+def _warmstart_summary(warmstart_dir: Path) -> dict[str, Any]:
+    """The warm start's `warmstart.json`: its settings, measures of the base policy, wall time (empty: none)."""
     summary = warmstart_dir / SUMMARY_FILE
-    return json.loads(summary.read_text()).get("settings") if summary.is_file() else None
-
-
-def _base_measures(warmstart_dir: Path) -> dict[str, dict[str, float]]:
-    """The warm start's measures of the base policy per environment (`warmstart.json`; empty: none)."""
-    summary = warmstart_dir / SUMMARY_FILE
-    return json.loads(summary.read_text()).get("base", {}) if summary.is_file() else {}
+    return json.loads(summary.read_text()) if summary.is_file() else {}
 
 
 # Precondition table columns: (heading, warm-start measure, format: a share in %, nats, a gate).
