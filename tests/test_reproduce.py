@@ -125,16 +125,18 @@ def test_results_show_the_base_policys_skill_preconditions(tmp_path):
 
 
 def test_a_reproduction_rendered_half_way_says_which_cells_lack_seeds(tmp_path):
-    cfg = ReproduceConfig(tasks={"Sokoban": "a.yaml"}, methods=["grpo", "seed"], seeds=[0, 1, 2])
+    cfg = ReproduceConfig(tasks={"Sokoban": "a.yaml", "EZPoints": "b.yaml"}, methods=["grpo", "seed"], seeds=[0, 1, 2])
     results = [_run("Sokoban", "grpo", seed, [(0, 0.2), (100, value)]) for seed, value in ((0, 0.3), (1, 0.5))]
     out = tmp_path / "RESULTS.md"
     write_results(cfg, results, out, 1.0, None, [])
     text = out.read_text()
-    assert "**Partial: 2 of the 6 runs have finished.**" in text
-    assert "| GRPO | 40.0 ± 14.1 (2 of 3 seeds) |" in text
-    assert "| SEED (self analyzer) | n/a |" in text
+    assert "**Partial: 2 of 12 runs finished.**" in text
+    assert "| GRPO | 40.0 ± 14.1 (2 of 3 seeds) | n/a |" in text
+    assert "| SEED (self analyzer) | n/a | n/a |" in text
+    assert "reproduce_sokoban.png" in text and "reproduce_ezpoints.png" not in text  # only tasks with a run
 
-    write_results(cfg, results + [_run("Sokoban", m, s, [(0, 0.2), (100, 0.4)]) for m, s in
-                                  (("grpo", 2), ("seed", 0), ("seed", 1), ("seed", 2))], out, 1.0, None, [])
+    rest = [_run(t, m, s, [(0, 0.2), (100, 0.4)]) for t in ("Sokoban", "EZPoints") for m in ("grpo", "seed")
+            for s in (0, 1, 2) if (t, m, s) not in {("Sokoban", "grpo", 0), ("Sokoban", "grpo", 1)}]
+    write_results(cfg, results + rest, out, 1.0, None, [])
     text = out.read_text()
-    assert "Partial" not in text and "of 3 seeds" not in text and "| GRPO | 40.0 ± 10.0 |" in text
+    assert "Partial" not in text and "of 3 seeds" not in text and "| GRPO | 40.0 ± 10.0 | 40.0 ± 0.0 |" in text

@@ -330,8 +330,8 @@ def write_results(
     planned = len(tasks) * len(methods) * len(cfg.seeds)
     if len(results) < planned:  # a reproduction spread over sessions, rendered half-way
         lines += [
-            f"**Partial: {len(results)} of the {planned} runs have finished.** Cells name how many seeds they "
-            "average; the same command continues the others.",
+            f"**Partial: {len(results)} of {planned} runs finished.** Cells name how many seeds they average; "
+            "the same command continues the other runs.",
             "",
         ]
     lines += [
@@ -401,7 +401,7 @@ def write_results(
             values = [statistics.fmean([r.mean(k) for r in by[(t, m)]]) if by[(t, m)] else math.nan for k in keys]
             lines.append(f"| {t} | {m} | " + " | ".join("—" if math.isnan(v) else f"{v:.3f}" for v in values) + " |")
     lines += ["", "## Learning curves", ""]
-    for t in tasks:
+    for t in (t for t in tasks if any(by[(t, m)] for m in methods)):  # a task without a finished run: no plot
         figure = os.path.relpath(Path(cfg.figures_dir) / f"reproduce_{t.lower()}.png", out.parent)
         lines.append(f"![{t}]({Path(figure).as_posix()})")
     lines += ["", "## Findings", "", "<!-- findings -->", ""]
