@@ -5,6 +5,7 @@ half-finished reproduction says so."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from seed_vl.config import ConfigError
 from seed_vl.toy import warmstart
-from seed_vl.toy.reproduce import ReproduceConfig, RunResult, reproduce, write_results
+from seed_vl.toy.reproduce import ReproduceConfig, RunResult, first_reach, reproduce, write_results
 
 
 def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, monkeypatch, capsys):
@@ -140,3 +141,12 @@ def test_a_reproduction_rendered_half_way_says_which_cells_lack_seeds(tmp_path):
     write_results(cfg, results + rest, out, 1.0, None, [])
     text = out.read_text()
     assert "Partial" not in text and "of 3 seeds" not in text and "| GRPO | 40.0 ± 10.0 | 40.0 ± 0.0 |" in text
+
+
+def test_a_seed_whose_budget_ended_an_update_later_still_reaches_the_seed_mean_final():
+    # Seed 0's budget ran out at update 51, seed 1's at 50: one final evaluation more for seed 0.
+    seed0 = [(0, 0.41), (12800, 0.40), (25500, 0.50), (25651, 0.516)]
+    seed1 = [(0, 0.40), (12900, 0.44), (25976, 0.461)]
+    final = (0.516 + 0.461) / 2
+    assert first_reach([seed0, seed1], final) == (25651 + 25976) / 2
+    assert math.isnan(first_reach([seed0, seed1], 0.6))

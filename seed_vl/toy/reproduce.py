@@ -265,11 +265,12 @@ def first_reach(curves: list[list[tuple[float, float]]], target: float) -> float
     """Environment steps at which the seed-mean evaluation curve first reaches `target` (nan: never).
 
     Evaluations happen at the same update steps in every seed; their environment steps differ, so the
-    seed-mean of both is used."""
-    length = min(len(c) for c in curves)
-    for k in range(length):
-        if statistics.fmean(c[k][1] for c in curves) >= target - 1e-9:
-            return statistics.fmean(c[k][0] for c in curves)
+    seed-mean of both is used. A run whose budget ran out an update earlier than another's ends with one
+    evaluation fewer: past its end it counts with its final evaluation."""
+    for k in range(max(len(c) for c in curves)):
+        points = [c[min(k, len(c) - 1)] for c in curves]
+        if statistics.fmean(value for _, value in points) >= target - 1e-9:
+            return statistics.fmean(steps for steps, _ in points)
     return math.nan
 
 
