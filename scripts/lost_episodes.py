@@ -36,11 +36,9 @@ def _records(run_dir: Path, steps: slice) -> tuple[int, list[dict]]:
     return len(step_dirs), [r for d in step_dirs for r in read_trajectories(d / "trajectories.jsonl")]
 
 
-def lost_episode_stats(run_dir: Path, steps: slice = slice(None)) -> dict[str, float]:
-    env = _sokoban_env(run_dir)
+def lost_episode_stats(env: SokobanEnv, records: list[dict]) -> dict[str, float]:
     lost = turns_lost = turns_after = 0
     unsolvable_at: Counter[int] = Counter()
-    num_steps, records = _records(run_dir, steps)
     for record in records:
         if record["won"]:
             continue
@@ -57,7 +55,6 @@ def lost_episode_stats(run_dir: Path, steps: slice = slice(None)) -> dict[str, f
                 break
     unsolvable = sum(unsolvable_at.values())
     return {
-        "update steps": num_steps,
         "episodes": len(records),
         "lost": lost,
         "lost, room made unsolvable": unsolvable,
@@ -68,19 +65,18 @@ def lost_episode_stats(run_dir: Path, steps: slice = slice(None)) -> dict[str, f
     }
 
 
-def success_by_solution_length(run_dir: Path, steps: slice = slice(None)) -> dict[int, tuple[int, int]]:
+def success_by_solution_length(env: SokobanEnv, records: list[dict]) -> dict[int, tuple[int, int]]:
     """Shortest solution length of the room -> (episodes won, episodes)."""
-    env = _sokoban_env(run_dir)
-    length: dict[int, int] = {}
-    counts: dict[int, list[int]] = {}
-    for record in _records(run_dir, steps)[1]:
-        if record["seed"] not in length:
+    shortest: dict[int, int] = {}  # seed -> length: a group's episodes share their room
+    won: Counter[int] = Counter()
+    played: Counter[int] = Counter()
+    for record in records:
+        if record["seed"] not in shortest:
             env.reset(record["seed"])
-            length[record["seed"]] = len(solve(env.state) or [])
-        won_total = counts.setdefault(length[record["seed"]], [0, 0])
-        won_total[0] += bool(record["won"])
-        won_total[1] += 1
-    return {k: (won, total) for k, (won, total) in sorted(counts.items())}
+            shortest[record["seed"]] = len(solve(env.state) or [])
+        played[shortest[record["seed"]]] += 1
+        won[shortest[record["seed"]]] += bool(record["won"])
+    return {length: (won[length], played[length]) for length in sorted(played)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,9 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = slice(-args.last, None) if args.last else slice(args.steps)
     try:
         for run_dir in args.run_dirs:
-            stats = lost_episode_stats(run_dir, steps)
+            env = _sokoban_env(run_dir)
+            num_steps, records = _records(run_dir, steps)
+            stats = {"update steps": num_steps, **lost_episode_stats(env, records)}
             print(f"{run_dir}: " + ", ".join(f"{k} {v:.3g}" for k, v in stats.items()))
-            by_length = success_by_solution_length(run_dir, steps)
+            by_length = success_by_solution_length(env, records)
             print("  won by shortest solution: " + ", ".join(
                 f"{k} moves {won}/{total}" for k, (won, total) in by_length.items()))
     except ConfigError as error:

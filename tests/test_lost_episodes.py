@@ -64,11 +64,18 @@ def test_success_is_counted_by_the_rooms_shortest_solution(tmp_path):
     # A room that one move solves has a shortest solution of 1 (no room starts solved).
     seed, move = next((seed, a) for seed in range(200) for a in ACTIONS
                       if generate_room(seed, (6, 6), 1, 30).move(a)[0].solved)
-    step_dir = tmp_path / "trajectories" / "step_000001"
-    step_dir.mkdir(parents=True)
-    records = [_record(seed, True, [move]), _record(seed, False, ["up" if move != "up" else "down"])]
-    (step_dir / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    # Update 1 won that room, update 2 lost it.
+    other = "up" if move != "up" else "down"
+    for step, record in enumerate([_record(seed, True, [move]), _record(seed, False, [other])], 1):
+        step_dir = tmp_path / "trajectories" / f"step_{step:06d}"
+        step_dir.mkdir(parents=True)
+        (step_dir / "trajectories.jsonl").write_text(json.dumps(record) + "\n")
     save_config(Config.model_validate({"env": {"name": "sokoban_text"}}), tmp_path / "config.yaml")
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "lost_episodes.py"), str(tmp_path), "--last", "1"],
-                         capture_output=True, text=True, check=True).stdout
-    assert "won by shortest solution: 1 moves 1/2\n" in out
+
+    def run(*flags: str) -> str:
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "lost_episodes.py"), str(tmp_path), *flags],
+                              capture_output=True, text=True, check=True).stdout
+
+    assert "won by shortest solution: 1 moves 1/2\n" in run()
+    assert "won by shortest solution: 1 moves 0/1\n" in run("--last", "1")
+    assert "won by shortest solution: 1 moves 1/1\n" in run("--steps", "1")
