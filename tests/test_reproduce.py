@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from seed_vl.config import ConfigError
+from seed_vl.config import Config, ConfigError
+from seed_vl.toy import reproduce as reproduce_module
 from seed_vl.toy import warmstart
 from seed_vl.toy.reproduce import ReproduceConfig, RunResult, first_reach, reproduce, write_results
 
@@ -150,3 +151,16 @@ def test_a_seed_whose_budget_ended_an_update_later_still_reaches_the_seed_mean_f
     final = (0.516 + 0.461) / 2
     assert first_reach([seed0, seed1], final) == (25651 + 25976) / 2
     assert math.isnan(first_reach([seed0, seed1], 0.6))
+
+
+def test_a_run_stopped_by_ctrl_c_still_records_its_wall_time(tmp_path, monkeypatch):
+    config = Config.model_validate({"train": {"output_dir": str(tmp_path), "run_name": "r"}})
+
+    def interrupted(config, **_):
+        (tmp_path / "r").mkdir()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce_module, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_module._train_to_the_end(config, "r")
+    assert json.loads((tmp_path / "r" / "wall_time.json").read_text())["seconds"] > 0
