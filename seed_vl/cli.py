@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
 from seed_vl.config import ConfigError
 
 QUICK_REPRODUCE = "configs/reproduce/quick.yaml"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a scheduler's preemption or time limit), handled as Ctrl-C is: `finally` blocks run."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,14 +148,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub at run time
     args = build_parser().parse_args(argv)
+    # A job started in the background (`nohup ... &`) ignores Ctrl-C, and `kill` or a scheduler's SIGTERM would
+    # stop Python without running any `finally` (a reproduction run's wall time): SIGTERM acts as Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         COMMANDS[args.command][1](args)
     except ConfigError as err:
         print(f"seed-vl {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"seed-vl {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        terminated = isinstance(err, Terminated)
+        print(f"seed-vl {args.command}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
+from seed_vl import cli
 from seed_vl.config import Config, ConfigError
 from seed_vl.toy import reproduce as reproduce_module
 from seed_vl.toy import warmstart
@@ -153,14 +157,18 @@ def test_a_seed_whose_budget_ended_an_update_later_still_reaches_the_seed_mean_f
     assert math.isnan(first_reach([seed0, seed1], 0.6))
 
 
-def test_a_run_stopped_by_ctrl_c_still_records_its_wall_time(tmp_path, monkeypatch):
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_run_stopped_by_ctrl_c_or_kill_still_records_its_wall_time(tmp_path, monkeypatch, signum, status):
     config = Config.model_validate({"train": {"output_dir": str(tmp_path), "run_name": "r"}})
 
-    def interrupted(config, **_):
+    def stopped(config, **_):
         (tmp_path / "r").mkdir()
-        raise KeyboardInterrupt
+        os.kill(os.getpid(), signum)
+        time.sleep(30)  # the signal stops the command here
 
-    monkeypatch.setattr(reproduce_module, "train", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        reproduce_module._train_to_the_end(config, "r")
+    monkeypatch.setattr(reproduce_module, "train", stopped)
+    monkeypatch.setitem(cli.COMMANDS, "reproduce", ("", lambda _: reproduce_module._train_to_the_end(config, "r")))
+    handler = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["reproduce"]) == status
     assert json.loads((tmp_path / "r" / "wall_time.json").read_text())["seconds"] > 0
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored for whoever called main()

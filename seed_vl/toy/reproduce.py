@@ -184,7 +184,7 @@ def _train_to_the_end(config: Config, label: str) -> None:
             train(config, resume=str(run_dir))
         else:  # a run that never reached a checkpoint starts over
             train(config, overwrite=True)
-    finally:  # counted after an error or Ctrl-C too (not a killed process); one file per run: shards never collide
+    finally:  # counted after an error, Ctrl-C or `kill` too (not SIGKILL); one file per run: shards never collide
         if run_dir.is_dir():
             total = earlier + time.perf_counter() - started
             atomic_write_text(run_dir / WALL_TIME_FILE, json.dumps({"seconds": total}) + "\n")
