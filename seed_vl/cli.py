@@ -2,6 +2,7 @@
 
 Also runs as `python -m seed_vl.cli` (and so under `accelerate launch -m seed_vl.cli train ...`).
 Any user error (bad recipe, override, path) prints one line and exits with status 2.
+Ctrl-C and SIGTERM (`kill`, a scheduler's preemption) stop a command cleanly: status 130 and 143.
 """
 
 from __future__ import annotations
