@@ -36,7 +36,8 @@ SERIES: dict[str, dict[str, Any]] = {
 
 @dataclass
 class Run:
-    """One run directory: its label and its metrics records, one per step (the last one written wins)."""
+    """One run (a run directory, or a reproduction's record of one): its label and its metrics records, one per
+    step (the last one written wins)."""
 
     path: Path
     label: str
@@ -101,7 +102,12 @@ def plot_runs(
         raise ConfigError(
             f"got {len(labels)} labels for {len(run_dirs)} run directories: give one label per run"
         )
-    runs = [load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)]
+    return draw_runs([load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)], out_png, metric_keys)
+
+
+def draw_runs(runs: Sequence[Run], out_png: str | Path, metric_keys: Sequence[str] = DEFAULT_METRICS) -> Path:
+    """Plot already loaded runs (e.g. a reproduction's committed run records); runs sharing a label are
+    aggregated."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
         groups.setdefault(run.label, []).append(run)

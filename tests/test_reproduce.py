@@ -1,6 +1,6 @@
 """`seed-vl reproduce` on a minimal budget: every run trains, the RESULTS table and figures are written, an
-interrupted run continues from its checkpoint, --report-only renders the same file without training, and a
-half-finished reproduction says so."""
+interrupted run continues from its checkpoint, --report-only renders the same file from the run records alone
+without training, a recorded run is not trained again, and a half-finished reproduction says so."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     args = [
         f"overrides={json.dumps(run_overrides)}", "methods=[grpo, seed]", "seeds=[0, 1]",
         f"output_dir={tmp_path / 'runs'}", f"results={tmp_path / 'RESULTS.md'}",
-        f"figures_dir={tmp_path / 'figures'}",
+        f"figures_dir={tmp_path / 'figures'}", f"records_dir={tmp_path / 'records'}",
     ]
     results = reproduce(None, args)
 
@@ -51,31 +51,49 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     summary = json.loads(results.with_suffix(".json").read_text())
     assert len(summary) == 2 * 2 * 2
     assert all(0.0 <= r["final_success"] <= 1.0 for r in summary)
+    records = sorted(p.name for p in (tmp_path / "records").iterdir())
+    assert records == sorted(["base.json", *(f"{t}-{m}-seed{s}.json" for t in ("sokoban", "ezpoints")
+                                             for m in ("grpo", "seed") for s in (0, 1))])
 
-    # Report-only: the same file from the same runs, nothing trained.
+    # Report-only: the same file from the run records alone (a clone holding only them), nothing trained.
     results.unlink()
-    mtime = (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime
+    (tmp_path / "runs").rename(tmp_path / "elsewhere")
     assert reproduce(None, args, report_only=True).read_text() == text
-    assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "elsewhere").rename(tmp_path / "runs")
 
-    # A run interrupted after its first update continues from that checkpoint; finished runs are reused.
+    # A recorded run is not trained again, even without its run directory; a run interrupted after its first
+    # update (no record yet) continues from that checkpoint.
+    shutil.rmtree(tmp_path / "runs" / "sokoban-grpo-seed1")
+    mtime = (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime
     interrupted = tmp_path / "runs" / "ezpoints-seed-seed0"
     finished = json.loads((interrupted / "metrics.jsonl").read_text().splitlines()[-1])
     shutil.rmtree(interrupted / "checkpoints" / "step_000002")
+    (tmp_path / "records" / "ezpoints-seed-seed0.json").unlink()
     reproduce(None, args)
+    assert not (tmp_path / "runs" / "sokoban-grpo-seed1").exists()
+    assert (tmp_path / "records" / "ezpoints-seed-seed0.json").is_file()
     assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime
     records = [json.loads(line) for line in (interrupted / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[-1]["train/return"] == finished["train/return"]  # step 2 replayed exactly
     timings = [json.loads(p.read_text())["seconds"] for p in (tmp_path / "runs").glob("*/wall_time.json")]
-    assert len(timings) == 8 and all(seconds > 0 for seconds in timings)
+    assert len(timings) == 7 and all(seconds > 0 for seconds in timings)
+
+    # Records of runs from another base are never mixed with runs from this one.
+    base_record = tmp_path / "records" / "base.json"
+    recorded = base_record.read_text()
+    base_record.write_text(json.dumps({**json.loads(recorded), "digest": "another"}))
+    with pytest.raises(ConfigError, match="started from another base"):
+        reproduce(None, args)
+    base_record.write_text(recorded)
 
     # Other warm-start settings would rebuild the shared base under the finished runs: refused, nothing lost.
     with pytest.raises(ConfigError, match="runs started from a warm start"):
         reproduce(None, [
             f"overrides={json.dumps([*run_overrides, 'warmstart.seed=1'])}", "methods=[grpo, seed]",
             "seeds=[0, 1]", f"output_dir={tmp_path / 'runs'}", f"results={tmp_path / 'RESULTS.md'}",
-            f"figures_dir={tmp_path / 'figures'}",
+            f"figures_dir={tmp_path / 'figures'}", f"records_dir={tmp_path / 'records'}",
         ])
     assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime
 

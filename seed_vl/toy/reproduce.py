@@ -3,8 +3,10 @@ base, several seeds each, equal environment-step budgets; writes a RESULTS.md ta
 
 It may take hours on a CPU, so it resumes: the same command again skips finished runs and continues an
 unfinished one from its last checkpoint (`checkpoint.every` in the recipe sets how much a crash can cost).
-Each run's wall time is recorded in its `wall_time.json`; `--report-only` re-renders RESULTS.md
-from the finished runs alone, without training.
+Each run's wall time is recorded in its `wall_time.json`. A finished run leaves a record in `records_dir`
+(its settings, base-model digest, wall time and the metrics the results show): the results are rendered from
+these records alone, so committed records re-render RESULTS.md on any clone (`--report-only`) and a
+reproduction continued on another machine skips the runs they hold.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +27,16 @@ from pydantic import Field
 
 from seed_vl.checkpoint import list_checkpoints, load_trainer_state
 from seed_vl.config import Config, ConfigError, Section, load_config
-from seed_vl.io import atomic_write_text
-from seed_vl.plots import plot_runs
-from seed_vl.toy.warmstart import SUMMARY_FILE, cached_key, run_warmstart, warmstart_key, warmstart_settings
+from seed_vl.io import atomic_write_text, model_digest
+from seed_vl.plots import Run, draw_runs
+from seed_vl.toy.warmstart import (
+    MODEL_DIR,
+    SUMMARY_FILE,
+    cached_key,
+    run_warmstart,
+    warmstart_key,
+    warmstart_settings,
+)
 from seed_vl.tracking import read_metrics
 from seed_vl.trainer import run_dir_for, run_finished, train
 
@@ -49,6 +59,13 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     ),
 }
 WALL_TIME_FILE = "wall_time.json"  # in each run directory: its training seconds, summed over sessions
+BASE_RECORD = "base.json"  # in `records_dir`: the shared base's digest, warm-start settings, measures, wall time
+BUILT_WITH = ("torch", "transformers", "numpy", "pillow")  # library versions recorded with the base
+# Diagnostics the results tabulate (mean over training steps); a run record keeps these, the evaluations and
+# the training success and return, not the run's every metric.
+DIAGNOSTICS = ["train/success_rate", "rollout/equal_return_groups", "analyzer/success_rate", "analyzer/skill_words",
+               "gate_mean", "gate_open_frac", "opd_loss", "kl", "entropy"]
+RECORDED_KEYS = {"step", "env_steps", "train/return", *DIAGNOSTICS}
 
 
 class ReproduceConfig(Section):
@@ -60,6 +77,7 @@ class ReproduceConfig(Section):
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     overrides: list[str] = []  # applied to every run, e.g. "train.steps=20"
     output_dir: str = "runs/reproduce"
+    records_dir: str = "runs/reproduce/records"  # one JSON per finished run, which the results are rendered from
     results: str = "docs/RESULTS.md"
     figures_dir: str = "docs/figures"
 
@@ -69,7 +87,7 @@ class RunResult:
     task: str
     method: str
     seed: int
-    run_dir: Path
+    source: Path  # the run's record file
     records: list[dict]
 
     def final(self, key: str) -> float:
@@ -91,9 +109,8 @@ class RunResult:
 
 
 def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_model: str) -> Config:
-    recipe = cfg.tasks[task]
     return load_config(
-        recipe,
+        cfg.tasks[task],
         [
             *cfg.overrides,
             f"model.path={base_model}",
@@ -103,6 +120,11 @@ def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_mod
             f"train.run_name={task.lower()}-{method}-seed{seed}",
         ],
     )
+
+
+def run_settings(cfg: ReproduceConfig, task: str, method: str, seed: int) -> dict[str, Any]:
+    """What a run record must match to stand for the run (where its files live does not count)."""
+    return {"recipe": cfg.tasks[task], "overrides": [*cfg.overrides, *METHODS[method][1]], "seed": seed}
 
 
 def reproduce(config_path: str | None, overrides: list[str], *, report_only: bool = False) -> Path:
@@ -125,7 +147,8 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
         f"warmstart.out_dir={Path(cfg.output_dir) / 'warmstart'}",
     ])
     warmstart_dir = Path(first.warmstart.out_dir)
-    base_model = str(warmstart_dir / "model")
+    base_model = str(warmstart_dir / MODEL_DIR)
+    records_dir = Path(cfg.records_dir)
     runs = {
         (task, method, seed): run_config(cfg, task, method, seed, base_model)
         for task in cfg.tasks for method in cfg.methods for seed in cfg.seeds
@@ -134,7 +157,7 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
         started = [c for c in runs.values() if list_checkpoints(run_dir_for(c) / "checkpoints")]
         if not started or cached_key(warmstart_dir) == warmstart_key(first):
             run_warmstart(first)
-        elif _warmstart_summary(warmstart_dir).get("settings") != json.loads(json.dumps(warmstart_settings(first))):
+        elif _read_json(warmstart_dir / SUMMARY_FILE).get("settings") != json.loads(json.dumps(warmstart_settings(first))):
             raise ConfigError(
                 f"{cfg.output_dir}: its runs started from a warm start that the current settings would rebuild; "
                 "remove the directory (or set output_dir) to start over, or pass --report-only"
@@ -142,25 +165,85 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
         else:  # a reproduction spans sessions: a code change alone does not discard the base its runs share
             print(f"[reproduce] the code has changed since {warmstart_dir} was built; its started runs continue "
                   "from it (remove the directory to rebuild)", file=sys.stderr)
+        base = _record_base(warmstart_dir, records_dir)
         for (task, method, seed), run_cfg in runs.items():
-            _train_to_the_end(run_cfg, f"{task} / {method} / seed {seed}")
+            settings = run_settings(cfg, task, method, seed)
+            if _finished_record(records_dir, run_cfg, settings) is None:  # a record stands for a finished run
+                _train_to_the_end(run_cfg, f"{task} / {method} / seed {seed}")
+                _write_run_record(records_dir, run_cfg, settings, base, task, method)
 
+    base_record = _read_json(records_dir / BASE_RECORD)
     results = []
     for (task, method, seed), run_cfg in runs.items():
-        if run_status(run_cfg) == "finished":
-            results.append(RunResult(task, method, seed, run_dir_for(run_cfg), read_metrics(run_dir_for(run_cfg))))
+        record = _finished_record(records_dir, run_cfg, run_settings(cfg, task, method, seed))
+        if record is not None:
+            if record["base"] != base_record.get("digest"):
+                raise ConfigError(f"{_record_path(records_dir, run_cfg)}: started from another base than "
+                                  f"{records_dir / BASE_RECORD} describes; the results would mix bases")
+            results.append(RunResult(task, method, seed, _record_path(records_dir, run_cfg), record["metrics"]))
     if not results:
-        raise ConfigError(f"{cfg.output_dir}: no finished run to report")
+        raise ConfigError(f"{records_dir}: no record of a finished run to report")
     for task in cfg.tasks:
-        task_runs = [r for r in results if r.task == task]
+        task_runs = [Run(r.source, r.method, r.records) for r in results if r.task == task]
         if task_runs:
-            figure = Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png"
-            plot_runs([r.run_dir for r in task_runs], figure, labels=[r.method for r in task_runs])
-    minutes = _recorded_minutes(warmstart_dir, [r.run_dir for r in results])
-    measured = _warmstart_summary(warmstart_dir).get("base", {})
+            draw_runs(task_runs, Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png")
+    minutes = (base_record.get("wall_time_s", 0.0) + sum(_read_json(r.source)["wall_time_s"] for r in results)) / 60
+    measured = base_record.get("base", {})
     preconditions = {task: measured[env] for task, env in zip(cfg.tasks, envs, strict=True) if env in measured}
     write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides, preconditions)
     return Path(cfg.results)
+
+
+def _record_base(warmstart_dir: Path, records_dir: Path) -> str:
+    """Describe the shared base in `records_dir` (its digest: the same settings, code and libraries rebuild
+    the same bytes) and return its digest; refused when the records there started from another base."""
+    digest = model_digest(warmstart_dir / MODEL_DIR)
+    recorded = _read_json(records_dir / BASE_RECORD).get("digest")
+    if recorded not in (None, digest) and any(p.name != BASE_RECORD for p in records_dir.glob("*.json")):
+        raise ConfigError(
+            f"{records_dir}: its run records started from another base ({recorded[:12]}) than the warm start in "
+            f"{warmstart_dir} ({digest[:12]}); move the records away (or set records_dir) to start over"
+        )
+    summary = _read_json(warmstart_dir / SUMMARY_FILE)
+    kept = {key: summary[key] for key in ("note", "settings", "examples", "base", "wall_time_s") if key in summary}
+    versions = {name: metadata.version(name) for name in BUILT_WITH}  # what else decides the bytes
+    record = {"digest": digest, "built_with": versions, **kept}
+    atomic_write_text(records_dir / BASE_RECORD, json.dumps(record, indent=1) + "\n")
+    return digest
+
+
+def _record_path(records_dir: Path, config: Config) -> Path:
+    return records_dir / f"{run_dir_for(config).name}.json"
+
+
+def _finished_record(records_dir: Path, config: Config, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's record, if it holds a run on these settings that finished under the current budget."""
+    record = _read_json(_record_path(records_dir, config))
+    if record.get("settings") != settings or not record.get("metrics"):
+        return None
+    metrics = record["metrics"]
+    env_steps = max(r.get("env_steps", 0) for r in metrics)
+    return record if run_finished(config.train, metrics[-1]["step"], env_steps) else None
+
+
+def _write_run_record(
+    records_dir: Path, config: Config, settings: dict[str, Any], base: str, task: str, method: str
+) -> None:
+    run_dir = run_dir_for(config)
+    metrics = [{k: v for k, v in r.items() if k in RECORDED_KEYS or k.startswith("eval/")} for r in read_metrics(run_dir)]
+    record = {"task": task, "method": method, "settings": settings, "base": base,
+              "wall_time_s": round(_wall_time_s(run_dir), 1), "metrics": metrics}
+    atomic_write_text(_record_path(records_dir, config), json.dumps(record, indent=None) + "\n")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON record, empty when absent; a bad one names its file."""
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
 
 
 def run_status(config: Config) -> str:
@@ -193,18 +276,6 @@ def _train_to_the_end(config: Config, label: str) -> None:
 def _wall_time_s(run_dir: Path) -> float:
     path = run_dir / WALL_TIME_FILE
     return json.loads(path.read_text())["seconds"] if path.is_file() else 0.0
-
-
-def _recorded_minutes(warmstart_dir: Path, run_dirs: list[Path]) -> float:
-    """Training wall time of the reported runs plus the warm start's, as recorded when they ran."""
-    total = _warmstart_summary(warmstart_dir).get("wall_time_s", 0.0)
-    return (total + sum(_wall_time_s(run_dir) for run_dir in run_dirs)) / 60
-
-
-def _warmstart_summary(warmstart_dir: Path) -> dict[str, Any]:
-    """The warm start's `warmstart.json`: its settings, measures of the base policy, wall time (empty: none)."""
-    summary = warmstart_dir / SUMMARY_FILE
-    return json.loads(summary.read_text()) if summary.is_file() else {}
 
 
 # Precondition table columns: (heading, warm-start measure, format: a share in %, nats, a gate).
@@ -319,7 +390,8 @@ def write_results(
         "# Toy-scale reproduction: SEED vs GRPO",
         "",
         f"Generated by `{command}` ({minutes:.0f} min on this machine). Every number below comes from that run;",
-        "rerun the command to regenerate this file and the figures.",
+        "rerun the command to regenerate this file and the figures, or add `--report-only` to re-render them from",
+        f"the finished runs' records in `{Path(cfg.records_dir).as_posix()}/` without training.",
         "",
         "Setup: tiny Qwen2.5-VL-architecture model (built by `seed-vl make-tiny-model`), warm-started as in the README",
         f"(a stand-in for pretraining), then RL with each method from the same base; seeds {cfg.seeds};",
@@ -395,11 +467,9 @@ def write_results(
         "| OPD loss | KL | entropy |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = ["train/success_rate", "rollout/equal_return_groups", "analyzer/success_rate", "analyzer/skill_words",
-            "gate_mean", "gate_open_frac", "opd_loss", "kl", "entropy"]
     for t in tasks:
         for m in methods:
-            values = [statistics.fmean([r.mean(k) for r in by[(t, m)]]) if by[(t, m)] else math.nan for k in keys]
+            values = [statistics.fmean([r.mean(k) for r in by[(t, m)]]) if by[(t, m)] else math.nan for k in DIAGNOSTICS]
             lines.append(f"| {t} | {m} | " + " | ".join("—" if math.isnan(v) else f"{v:.3f}" for v in values) + " |")
     lines += ["", "## Learning curves", ""]
     for t in (t for t in tasks if any(by[(t, m)] for m in methods)):  # a task without a finished run: no plot
@@ -412,4 +482,4 @@ def write_results(
     atomic_write_text(out, text.rstrip("\n") + "\n")
     atomic_write_text(out.with_suffix(".json"), json.dumps(
         [{"task": r.task, "method": r.method, "seed": r.seed, "final_success": r.final("eval/success_rate"),
-          "env_steps": r.final("env_steps"), "run_dir": str(r.run_dir)} for r in results], indent=1))
+          "env_steps": r.final("env_steps"), "record": r.source.as_posix()} for r in results], indent=1))
