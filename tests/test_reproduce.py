@@ -80,13 +80,14 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     timings = [json.loads(p.read_text())["seconds"] for p in (tmp_path / "runs").glob("*/wall_time.json")]
     assert len(timings) == 7 and all(seconds > 0 for seconds in timings)
 
-    # Records of runs from another base are never mixed with runs from this one.
-    base_record = tmp_path / "records" / "base.json"
-    recorded = base_record.read_text()
-    base_record.write_text(json.dumps({**json.loads(recorded), "digest": "another"}))
-    with pytest.raises(ConfigError, match="started from another base"):
-        reproduce(None, args)
-    base_record.write_text(recorded)
+    # A record of a run from another base is never mixed with runs from this one, in training or in a report.
+    other = tmp_path / "records" / "sokoban-seed-seed0.json"
+    recorded = other.read_text()
+    other.write_text(json.dumps({**json.loads(recorded), "base": "another"}))
+    for report_only in (False, True):
+        with pytest.raises(ConfigError, match="started from another base"):
+            reproduce(None, args, report_only=report_only)
+    other.write_text(recorded)
 
     # Other warm-start settings would rebuild the shared base under the finished runs: refused, nothing lost.
     with pytest.raises(ConfigError, match="runs started from a warm start"):

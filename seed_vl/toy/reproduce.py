@@ -89,6 +89,7 @@ class RunResult:
     seed: int
     source: Path  # the run's record file
     records: list[dict]
+    wall_time_s: float = 0.0
 
     def final(self, key: str) -> float:
         values = [r[key] for r in self.records if key in r]
@@ -177,17 +178,18 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
     for (task, method, seed), run_cfg in runs.items():
         record = _finished_record(records_dir, run_cfg, run_settings(cfg, task, method, seed))
         if record is not None:
+            path = _record_path(records_dir, run_cfg)
             if record["base"] != base_record.get("digest"):
-                raise ConfigError(f"{_record_path(records_dir, run_cfg)}: started from another base than "
-                                  f"{records_dir / BASE_RECORD} describes; the results would mix bases")
-            results.append(RunResult(task, method, seed, _record_path(records_dir, run_cfg), record["metrics"]))
+                raise ConfigError(f"{path}: started from another base than {records_dir / BASE_RECORD} describes; "
+                                  "the results would mix bases")
+            results.append(RunResult(task, method, seed, path, record["metrics"], record["wall_time_s"]))
     if not results:
         raise ConfigError(f"{records_dir}: no record of a finished run to report")
     for task in cfg.tasks:
         task_runs = [Run(r.source, r.method, r.records) for r in results if r.task == task]
         if task_runs:
             draw_runs(task_runs, Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png")
-    minutes = (base_record.get("wall_time_s", 0.0) + sum(_read_json(r.source)["wall_time_s"] for r in results)) / 60
+    minutes = (base_record.get("wall_time_s", 0.0) + sum(r.wall_time_s for r in results)) / 60
     measured = base_record.get("base", {})
     preconditions = {task: measured[env] for task, env in zip(cfg.tasks, envs, strict=True) if env in measured}
     write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides, preconditions)
@@ -196,14 +198,14 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
 
 def _record_base(warmstart_dir: Path, records_dir: Path) -> str:
     """Describe the shared base in `records_dir` (its digest: the same settings, code and libraries rebuild
-    the same bytes) and return its digest; refused when the records there started from another base."""
+    the same bytes) and return its digest; refused when a run record there started from another base."""
     digest = model_digest(warmstart_dir / MODEL_DIR)
-    recorded = _read_json(records_dir / BASE_RECORD).get("digest")
-    if recorded not in (None, digest) and any(p.name != BASE_RECORD for p in records_dir.glob("*.json")):
-        raise ConfigError(
-            f"{records_dir}: its run records started from another base ({recorded[:12]}) than the warm start in "
-            f"{warmstart_dir} ({digest[:12]}); move the records away (or set records_dir) to start over"
-        )
+    for path in sorted(records_dir.glob("*.json")):
+        if path.name != BASE_RECORD and _read_json(path).get("base") != digest:
+            raise ConfigError(
+                f"{path}: started from another base than the warm start in {warmstart_dir} ({digest}); move the "
+                "records away (or set records_dir) to start over"
+            )
     summary = _read_json(warmstart_dir / SUMMARY_FILE)
     kept = {key: summary[key] for key in ("note", "settings", "examples", "base", "wall_time_s") if key in summary}
     versions = {name: metadata.version(name) for name in BUILT_WITH}  # what else decides the bytes
