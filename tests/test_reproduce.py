@@ -9,6 +9,8 @@ import math
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +20,14 @@ from seed_vl import cli
 from seed_vl.config import Config, ConfigError
 from seed_vl.toy import reproduce as reproduce_module
 from seed_vl.toy import warmstart
-from seed_vl.toy.reproduce import ReproduceConfig, RunResult, first_reach, reproduce, write_results
+from seed_vl.toy.reproduce import (
+    ReproduceConfig,
+    RunResult,
+    first_reach,
+    planned_runs,
+    reproduce,
+    write_results,
+)
 
 
 def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, monkeypatch, capsys):
@@ -36,6 +45,8 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
         f"overrides={json.dumps(run_overrides)}", "methods=[grpo, seed]", "seeds=[0, 1]",
         f"output_dir={tmp_path / 'runs'}", f"results={tmp_path / 'RESULTS.md'}",
         f"figures_dir={tmp_path / 'figures'}", f"records_dir={tmp_path / 'records'}",
+        "workers=2",  # two worker processes take the runs in turn
+        f"warmstart_overrides={json.dumps(['warmstart.lookup_drills=3'])}",  # the base's alone
     ]
     results = reproduce(None, args)
 
@@ -51,6 +62,9 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     summary = json.loads(results.with_suffix(".json").read_text())
     assert len(summary) == 2 * 2 * 2
     assert all(0.0 <= r["final_success"] <= 1.0 for r in summary)
+    base = json.loads((tmp_path / "records" / "base.json").read_text())
+    assert base["settings"]["warmstart"]["lookup_drills"] == 3
+    assert "lookup_drills: 2" in (tmp_path / "runs" / "sokoban-grpo-seed0" / "config.yaml").read_text()
     records = sorted(p.name for p in (tmp_path / "records").iterdir())
     assert records == sorted(["base.json", *(f"{t}-{m}-seed{s}.json" for t in ("sokoban", "ezpoints")
                                              for m in ("grpo", "seed") for s in (0, 1))])
@@ -61,6 +75,16 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     assert reproduce(None, args, report_only=True).read_text() == text
     assert not (tmp_path / "runs").exists()
     (tmp_path / "elsewhere").rename(tmp_path / "runs")
+
+    # Trained side by side or one after another, a run is the same run.
+    sequential = tmp_path / "sequential"
+    reproduce(None, [*args, "workers=1", "seeds=[0]", "methods=[grpo]", f"output_dir={sequential}",
+                     f"records_dir={sequential / 'records'}", f"results={sequential / 'RESULTS.md'}"])
+    for task in ("sokoban", "ezpoints"):
+        alone = json.loads((sequential / "records" / f"{task}-grpo-seed0.json").read_text())["metrics"]
+        side_by_side = json.loads((tmp_path / "records" / f"{task}-grpo-seed0.json").read_text())["metrics"]
+        assert [r["train/return"] for r in alone if "train/return" in r] == [
+            r["train/return"] for r in side_by_side if "train/return" in r]
 
     # A recorded run is not trained again, even without its run directory; a run interrupted after its first
     # update (no record yet) continues from that checkpoint.
@@ -167,6 +191,20 @@ def test_a_reproduction_rendered_half_way_says_which_cells_lack_seeds(tmp_path):
     assert "Partial" not in text and "of 3 seeds" not in text and "| GRPO | 40.0 ± 10.0 | 40.0 ± 0.0 |" in text
 
 
+def test_single_runs_are_planned_once_on_the_first_task_and_seed(tmp_path):
+    cfg = ReproduceConfig(tasks={"Sokoban": "a.yaml", "EZPoints": "b.yaml"}, methods=["grpo"], seeds=[3, 4],
+                          single_runs=["opd-only"])
+    assert planned_runs(cfg) == [("Sokoban", "grpo", 3), ("Sokoban", "grpo", 4), ("EZPoints", "grpo", 3),
+                                 ("EZPoints", "grpo", 4), ("Sokoban", "opd-only", 3)]
+    out = tmp_path / "RESULTS.md"
+    write_results(cfg, [_run("Sokoban", "opd-only", 3, [(0, 0.2), (100, 0.3)])], out, 1.0, None, [])
+    text = out.read_text()
+    assert "**Partial: 1 of 5 runs finished.**" in text
+    assert "| OPD alone (diagnostic) | 30.0 ± 0.0 | — |" in text  # one seed planned, one finished: complete
+    assert "| GRPO | n/a (0 of 2 seeds) | n/a (0 of 2 seeds) |" not in text and "| GRPO | n/a | n/a |" in text
+    assert "| Sokoban | opd-only |" in text and "| EZPoints | opd-only |" not in text  # not planned: no row
+
+
 def test_a_seed_whose_budget_ended_an_update_later_still_reaches_the_seed_mean_final():
     # Seed 0's budget ran out at update 51, seed 1's at 50: one final evaluation more for seed 0.
     seed0 = [(0, 0.41), (12800, 0.40), (25500, 0.50), (25651, 0.516)]
@@ -174,6 +212,52 @@ def test_a_seed_whose_budget_ended_an_update_later_still_reaches_the_seed_mean_f
     final = (0.516 + 0.461) / 2
     assert first_reach([seed0, seed1], final) == (25651 + 25976) / 2
     assert math.isnan(first_reach([seed0, seed1], 0.6))
+
+
+def test_kill_stops_every_worker_cleanly_and_the_same_command_continues(tmp_path, tiny_vl_path):
+    def args(steps: int) -> list[str]:
+        overrides = [
+            f"warmstart.base_model={tiny_vl_path}", "warmstart.demonstrations=2", "warmstart.analyzer_episodes=0",
+            "warmstart.epochs=1", "warmstart.lookup_steps=0", "warmstart.lookup_drills=2",
+            "warmstart.perception_steps=0", "warmstart.perception_drills=0", "warmstart.perception_skill_turns=0",
+            "warmstart.skill_drills=0", "model.device=cpu", f"train.steps={steps}", "rollout.num_tasks=1",
+            "rollout.group_size=2", "env.max_steps=2", "eval.num_tasks=1", "eval.every=50",
+            "logging.progress=false", "checkpoint.every=1", "checkpoint.keep_last=1",
+        ]
+        return ["reproduce", f"overrides={json.dumps(overrides)}", "methods=[grpo]", "seeds=[0]", "workers=2",
+                f"output_dir={tmp_path / 'runs'}", f"records_dir={tmp_path / 'records'}",
+                f"results={tmp_path / 'RESULTS.md'}", f"figures_dir={tmp_path / 'figures'}"]
+
+    command = [sys.executable, "-c", "import sys; from seed_vl.cli import main; sys.exit(main(sys.argv[1:]))"]
+    runs = [tmp_path / "runs" / f"{task}-grpo-seed0" for task in ("sokoban", "ezpoints")]
+    process = subprocess.Popen([*command, *args(100)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not all(list((run / "checkpoints").glob("step_*")) for run in runs):  # both workers training
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(1)
+        process.send_signal(signal.SIGTERM)  # the parent alone, as `kill PID` does
+        assert process.wait(timeout=120) == 143
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:  # every process the command started has stopped
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a worker outlived the command"
+        time.sleep(0.5)
+    assert all(json.loads((run / "wall_time.json").read_text())["seconds"] > 0 for run in runs)
+    assert not list((tmp_path / "records").glob("*-grpo-seed0.json"))
+
+    # The same command continues both runs from their checkpoints (to a nearer end: quicker).
+    stopped_at = max(len((run / "metrics.jsonl").read_text().splitlines()) for run in runs)
+    assert subprocess.run([*command, *args(stopped_at + 1)], timeout=900).returncode == 0
+    for run in runs:
+        steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert steps == list(range(stopped_at + 2))  # every update once: continued, none replayed twice
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

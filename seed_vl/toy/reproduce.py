@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
+import signal
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import Field
 
 from seed_vl.checkpoint import list_checkpoints, load_trainer_state
@@ -73,13 +77,26 @@ class ReproduceConfig(Section):
         "Sokoban": "configs/tiny/sokoban_visual.yaml",
         "EZPoints": "configs/tiny/ezpoints_visual.yaml",
     }
-    methods: list[str] = ["grpo", "opsd", "seed"]  # keys of METHODS
+    methods: list[str] = ["grpo", "opsd", "seed"]  # keys of METHODS, each run on every task with every seed
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
-    overrides: list[str] = []  # applied to every run, e.g. "train.steps=20"
+    # Keys of METHODS run once, on the first task with the first seed: labelled ablations and diagnostics.
+    single_runs: list[str] = []
+    overrides: list[str] = []  # applied to every run and to the base's warm start, e.g. "train.steps=20"
+    # Applied to the shared base's warm start alone (settings only the first recipe accepts, e.g. Sokoban's
+    # skill drills); the base's digest in every run record stands for them.
+    warmstart_overrides: list[str] = []
     output_dir: str = "runs/reproduce"
     records_dir: str = "runs/reproduce/records"  # one JSON per finished run, which the results are rendered from
+    workers: int = Field(1, ge=1)  # runs trained side by side, one process each, the CPU cores split between them
     results: str = "docs/RESULTS.md"
     figures_dir: str = "docs/figures"
+
+
+def planned_runs(cfg: ReproduceConfig) -> list[tuple[str, str, int]]:
+    """Every (task, method, seed) the reproduction trains: each method on every task and seed, each single
+    run once on the first task with the first seed."""
+    every = [(task, method, seed) for task in cfg.tasks for method in cfg.methods for seed in cfg.seeds]
+    return every + [(next(iter(cfg.tasks)), method, cfg.seeds[0]) for method in cfg.single_runs]
 
 
 @dataclass
@@ -135,25 +152,25 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
     for task, recipe in cfg.tasks.items():
         if not Path(recipe).is_file():
             raise ConfigError(f"tasks.{task}: recipe not found: {recipe}")
-    for method in cfg.methods:
-        if method not in METHODS:
-            raise ConfigError(f"methods: unknown method '{method}' (choose from {', '.join(METHODS)})")
+    for field, methods in (("methods", cfg.methods), ("single_runs", cfg.single_runs)):
+        for method in methods:
+            if method not in METHODS:
+                raise ConfigError(f"{field}: unknown method '{method}' (choose from {', '.join(METHODS)})")
 
     # One warm-started base for every task, method and seed: the first recipe's warm start over every task's
     # environment, kept in the reproduction's own directory so that a demo cannot replace it.
     envs = [load_config(recipe, cfg.overrides).env.name for recipe in cfg.tasks.values()]
     first = load_config(next(iter(cfg.tasks.values())), [
         *cfg.overrides,
+        *cfg.warmstart_overrides,
         f"warmstart.envs=[{', '.join(envs)}]",
         f"warmstart.out_dir={Path(cfg.output_dir) / 'warmstart'}",
     ])
     warmstart_dir = Path(first.warmstart.out_dir)
     base_model = str(warmstart_dir / MODEL_DIR)
     records_dir = Path(cfg.records_dir)
-    runs = {
-        (task, method, seed): run_config(cfg, task, method, seed, base_model)
-        for task in cfg.tasks for method in cfg.methods for seed in cfg.seeds
-    }
+    runs = {(task, method, seed): run_config(cfg, task, method, seed, base_model)
+            for task, method, seed in planned_runs(cfg)}
     if not report_only:
         started = [c for c in runs.values() if list_checkpoints(run_dir_for(c) / "checkpoints")]
         if not started or cached_key(warmstart_dir) == warmstart_key(first):
@@ -167,11 +184,16 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
             print(f"[reproduce] the code has changed since {warmstart_dir} was built; its started runs continue "
                   "from it (remove the directory to rebuild)", file=sys.stderr)
         base = _record_base(warmstart_dir, records_dir)
+        pending = []
         for (task, method, seed), run_cfg in runs.items():
             settings = run_settings(cfg, task, method, seed)
             if _finished_record(records_dir, run_cfg, settings) is None:  # a record stands for a finished run
-                _train_to_the_end(run_cfg, f"{task} / {method} / seed {seed}")
-                _write_run_record(records_dir, run_cfg, settings, base, task, method)
+                pending.append(_PendingRun(run_cfg, settings, task, method, f"{task} / {method} / seed {seed}"))
+        if cfg.workers > 1 and len(pending) > 1:
+            _train_side_by_side(pending, min(cfg.workers, len(pending)), records_dir, base)
+        else:
+            for run in pending:
+                _train_and_record(run, records_dir, base)
 
     base_record = _read_json(records_dir / BASE_RECORD)
     results = []
@@ -194,6 +216,62 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
     preconditions = {task: measured[env] for task, env in zip(cfg.tasks, envs, strict=True) if env in measured}
     write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides, preconditions)
     return Path(cfg.results)
+
+
+@dataclass
+class _PendingRun:
+    config: Config
+    settings: dict[str, Any]
+    task: str
+    method: str
+    label: str
+
+
+def _train_and_record(run: _PendingRun, records_dir: Path, base: str) -> None:
+    _train_to_the_end(run.config, run.label)
+    _write_run_record(records_dir, run.config, run.settings, base, run.task, run.method)
+
+
+def _train_side_by_side(pending: list[_PendingRun], workers: int, records_dir: Path, base: str) -> None:
+    """Train `pending` in `workers` processes, each taking the next run when it finishes one. Ctrl-C or kill
+    stops every worker as it stops a single run (wall times recorded, checkpoints kept): the same command
+    continues them."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch thread pools
+    queue = context.Queue()
+    for run in [*pending, *[None] * workers]:  # one None per worker: no run left
+        queue.put(run)
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    processes = [
+        context.Process(target=_worker, args=(queue, records_dir, base, threads), name=f"reproduce-worker-{k}")
+        for k in range(workers)
+    ]
+    try:
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join()
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: the worker stops as after Ctrl-C
+                process.join()
+    failed = [process.name for process in processes if process.exitcode]
+    if failed:
+        raise RuntimeError(f"{', '.join(failed)} failed (see the errors above); the same command continues")
+
+
+def _worker(queue: Any, records_dir: Path, base: str, threads: int) -> None:
+    """One process of `_train_side_by_side`: trains queued runs until it takes a None."""
+    # Stopped by the parent alone (its Ctrl-C or kill): SIGTERM acts as Ctrl-C does in the CLI, so `finally`
+    # blocks run, and the terminal's Ctrl-C, which reaches every process, is left to the parent.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    torch.set_num_threads(threads)
+    try:
+        while (run := queue.get()) is not None:
+            _train_and_record(run, records_dir, base)
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 def _record_base(warmstart_dir: Path, records_dir: Path) -> str:
@@ -362,14 +440,16 @@ def _method_table_header(tasks: list[str]) -> list[str]:
     return ["| Method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
 
 
-def _success_rows(methods, tasks, by, statistic: Callable[[RunResult], float], num_seeds: int) -> list[str]:
-    """One table row per method: `statistic` of each run, mean ± std over the finished seeds, per task."""
-    return [
-        f"| {_method_name(m)} | "
-        + " | ".join(_mean_std([statistic(r) for r in by[(t, m)]], num_seeds) for t in tasks)
-        + " |"
-        for m in methods
-    ]
+def _success_rows(
+    methods, tasks, by, statistic: Callable[[RunResult], float], num_seeds: dict[tuple[str, str], int]
+) -> list[str]:
+    """One table row per method: `statistic` of each run, mean ± std over the finished seeds, per task
+    (`—`: a task the method is not planned on)."""
+
+    def cell(t: str, m: str) -> str:
+        return _mean_std([statistic(r) for r in by[(t, m)]], num_seeds[(t, m)]) if num_seeds[(t, m)] else "—"
+
+    return [f"| {_method_name(m)} | " + " | ".join(cell(t, m) for t in tasks) + " |" for m in methods]
 
 
 def _method_name(method: str) -> str:
@@ -385,13 +465,16 @@ def write_results(
     overrides: list[str],
     preconditions: dict[str, dict[str, float]] | None = None,
 ) -> None:
-    tasks, methods = list(cfg.tasks), list(cfg.methods)
+    tasks, methods = list(cfg.tasks), [*cfg.methods, *cfg.single_runs]
+    planned = planned_runs(cfg)
+    num_seeds = Counter((t, m) for t, m, _ in planned)
     by = {(t, m): [r for r in results if r.task == t and r.method == m] for t in tasks for m in methods}
     command = " ".join(["seed-vl reproduce", *([f"--config {config_path}"] if config_path else []), *overrides])
     lines = [
         "# Toy-scale reproduction: SEED vs GRPO",
         "",
-        f"Generated by `{command}` ({minutes:.0f} min on this machine). Every number below comes from that run;",
+        f"Generated by `{command}` (the warm start and the runs took {minutes:.0f} min on this machine, summed",
+        "over runs, which may overlap). Every number below comes from that run;",
         "rerun the command to regenerate this file and the figures, or add `--report-only` to re-render them from",
         f"the finished runs' records in `{Path(cfg.records_dir).as_posix()}/` without training.",
         "",
@@ -399,13 +482,13 @@ def write_results(
         f"(a stand-in for pretraining), then RL with each method from the same base; seeds {cfg.seeds};",
         f"recipes {', '.join(f'`{r}`' for r in cfg.tasks.values())}"
         + (f" with overrides `{' '.join(cfg.overrides)}`" if cfg.overrides else "")
+        + (f" and, for the base's warm start, `{' '.join(cfg.warmstart_overrides)}`" if cfg.warmstart_overrides else "")
         + ". Success is the final held-out evaluation (temperature 0.4).",
         "",
     ]
-    planned = len(tasks) * len(methods) * len(cfg.seeds)
-    if len(results) < planned:  # a reproduction spread over sessions, rendered half-way
+    if len(results) < len(planned):  # a reproduction spread over sessions, rendered half-way
         lines += [
-            f"**Partial: {len(results)} of {planned} runs finished.** Cells name how many seeds they average; "
+            f"**Partial: {len(results)} of {len(planned)} runs finished.** Cells name how many seeds they average; "
             "the same command continues the other runs.",
             "",
         ]
@@ -414,14 +497,14 @@ def write_results(
         "",
         *_method_table_header(tasks),
     ]
-    lines += _success_rows(methods, tasks, by, lambda r: r.final("eval/success_rate"), len(cfg.seeds))
+    lines += _success_rows(methods, tasks, by, lambda r: r.final("eval/success_rate"), num_seeds)
     lines += [
         "",
         "Mean over each run's evaluations after step 0 (less noisy than the final one alone):",
         "",
         *_method_table_header(tasks),
     ]
-    lines += _success_rows(methods, tasks, by, lambda r: r.mean_after_start("eval/success_rate"), len(cfg.seeds))
+    lines += _success_rows(methods, tasks, by, lambda r: r.mean_after_start("eval/success_rate"), num_seeds)
     base = {t: [r.records[0].get("eval/success_rate", math.nan) for r in results if r.task == t] for t in tasks}
     lines += ["", "Base policy (step-0 evaluation, before RL): " + ", ".join(
         f"{t} {_mean_std(base[t])}" for t in tasks
@@ -445,7 +528,9 @@ def write_results(
     for m in methods:
         cells = []
         for t in tasks:
-            if grpo_final[t] is None or not by[(t, m)]:
+            if not num_seeds[(t, m)]:
+                cells.append("—")
+            elif grpo_final[t] is None or not by[(t, m)]:
                 cells.append("n/a")
             elif t in stalled:
                 cells.append("base already there")
@@ -470,7 +555,7 @@ def write_results(
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in tasks:
-        for m in methods:
+        for m in (m for m in methods if num_seeds[(t, m)]):
             values = [statistics.fmean([r.mean(k) for r in by[(t, m)]]) if by[(t, m)] else math.nan for k in DIAGNOSTICS]
             lines.append(f"| {t} | {m} | " + " | ".join("—" if math.isnan(v) else f"{v:.3f}" for v in values) + " |")
     lines += ["", "## Learning curves", ""]
