@@ -285,7 +285,7 @@ def _record_base(warmstart_dir: Path, records_dir: Path) -> str:
                 "records away (or set records_dir) to start over"
             )
     summary = _read_json(warmstart_dir / SUMMARY_FILE)
-    kept = {key: summary[key] for key in ("note", "settings", "examples", "base", "wall_time_s") if key in summary}
+    kept = {key: summary[key] for key in ("note", "settings", "examples", "base", "wall_time_s", "torch_threads") if key in summary}
     versions = {name: metadata.version(name) for name in BUILT_WITH}  # what else decides the bytes
     record = {"digest": digest, "built_with": versions, **kept}
     atomic_write_text(records_dir / BASE_RECORD, json.dumps(record, indent=1) + "\n")
