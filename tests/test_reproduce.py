@@ -217,7 +217,7 @@ def test_a_seed_whose_budget_ended_an_update_later_still_reaches_the_seed_mean_f
 
 
 def test_kill_stops_every_worker_cleanly_and_the_same_command_continues(tmp_path, tiny_vl_path):
-    def args(steps: int) -> list[str]:
+    def args(steps: int, seeds: str) -> list[str]:
         overrides = [
             f"warmstart.base_model={tiny_vl_path}", "warmstart.demonstrations=2", "warmstart.analyzer_episodes=0",
             "warmstart.epochs=1", "warmstart.lookup_steps=0", "warmstart.lookup_drills=2",
@@ -226,13 +226,14 @@ def test_kill_stops_every_worker_cleanly_and_the_same_command_continues(tmp_path
             "rollout.group_size=2", "env.max_steps=2", "eval.num_tasks=1", "eval.every=50",
             "logging.progress=false", "checkpoint.every=1", "checkpoint.keep_last=1",
         ]
-        return ["reproduce", f"overrides={json.dumps(overrides)}", "methods=[grpo]", "seeds=[0]", "workers=2",
+        return ["reproduce", f"overrides={json.dumps(overrides)}", "methods=[grpo]", f"seeds={seeds}", "workers=2",
                 f"output_dir={tmp_path / 'runs'}", f"records_dir={tmp_path / 'records'}",
                 f"results={tmp_path / 'RESULTS.md'}", f"figures_dir={tmp_path / 'figures'}"]
 
     command = [sys.executable, "-c", "import sys; from seed_vl.cli import main; sys.exit(main(sys.argv[1:]))"]
-    runs = [tmp_path / "runs" / f"{task}-grpo-seed0" for task in ("sokoban", "ezpoints")]
-    process = subprocess.Popen([*command, *args(100)], start_new_session=True)
+    runs = [tmp_path / "runs" / f"sokoban-grpo-seed{seed}" for seed in (0, 1)]  # the first two taken
+    # 20 runs queued: more than a pipe holds, which the stopped command must not wait to deliver.
+    process = subprocess.Popen([*command, *args(100, "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]")], start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while not all(list((run / "checkpoints").glob("step_*")) for run in runs):  # both workers training
@@ -252,11 +253,11 @@ def test_kill_stops_every_worker_cleanly_and_the_same_command_continues(tmp_path
         assert time.monotonic() < deadline, "a worker outlived the command"
         time.sleep(0.5)
     assert all(json.loads((run / "wall_time.json").read_text())["seconds"] > 0 for run in runs)
-    assert not list((tmp_path / "records").glob("*-grpo-seed0.json"))
+    assert not list((tmp_path / "records").glob("*-grpo-seed*.json"))
 
     # The same command continues both runs from their checkpoints (to a nearer end: quicker).
     stopped_at = max(len((run / "metrics.jsonl").read_text().splitlines()) for run in runs)
-    assert subprocess.run([*command, *args(stopped_at + 1)], timeout=900).returncode == 0
+    assert subprocess.run([*command, *args(stopped_at + 1, "[0, 1]")], timeout=900).returncode == 0
     for run in runs:
         steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert steps == list(range(stopped_at + 2))  # every update once: continued, none replayed twice

@@ -238,6 +238,7 @@ def _train_side_by_side(pending: list[_PendingRun], workers: int, records_dir: P
     continues them."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch thread pools
     queue = context.Queue()
+    queue.cancel_join_thread()  # workers stopped early leave runs undelivered: exit without feeding them
     for run in [*pending, *[None] * workers]:  # one None per worker: no run left
         queue.put(run)
     threads = max(1, (os.cpu_count() or 1) // workers)
