@@ -276,8 +276,8 @@ def _worker(queue: Any, records_dir: Path, base: str, threads: int) -> None:
 
 
 def _record_base(warmstart_dir: Path, records_dir: Path) -> str:
-    """Describe the shared base in `records_dir` (its digest: the same settings, code and libraries rebuild
-    the same bytes) and return its digest; refused when a run record there started from another base."""
+    """Describe the shared base in `records_dir` (its digest: the same settings, code, libraries and torch
+    thread count rebuild the same bytes) and return its digest; refused when a run record there started from another base."""
     digest = model_digest(warmstart_dir / MODEL_DIR)
     for path in sorted(records_dir.glob("*.json")):
         if path.name != BASE_RECORD and _read_json(path).get("base") != digest:
