@@ -21,10 +21,12 @@ def _textworld(cfg: EnvConfig) -> Env:
 
 ENV_FACTORIES: dict[str, Callable[[EnvConfig], Env]] = {
     "sokoban_visual": lambda cfg: SokobanVisualEnv(
-        cfg.dim_room, cfg.num_boxes, cfg.max_steps, cfg.cell_px, end_on_deadlock=cfg.end_on_deadlock
+        cfg.dim_room, cfg.num_boxes, cfg.max_steps, cfg.cell_px, end_on_deadlock=cfg.end_on_deadlock,
+        min_solution_moves=cfg.min_solution_moves,
     ),
     "sokoban_text": lambda cfg: SokobanTextEnv(
-        cfg.dim_room, cfg.num_boxes, cfg.max_steps, end_on_deadlock=cfg.end_on_deadlock
+        cfg.dim_room, cfg.num_boxes, cfg.max_steps, end_on_deadlock=cfg.end_on_deadlock,
+        min_solution_moves=cfg.min_solution_moves,
     ),
     "ezpoints_visual": lambda cfg: EZPointsVisualEnv(cfg.max_steps, cfg.image_size),
     "ezpoints_text": lambda cfg: EZPointsTextEnv(cfg.max_steps),

@@ -7,6 +7,9 @@ step, +1 when a box reaches a target, -1 when one leaves a target, +10 when ever
 the episode is truncated after `max_steps` (15) steps. With `end_on_deadlock` (off by default, as in the
 paper's environment; on in the toy recipes) a push after which no move sequence can solve the room ends the
 episode, lost: its success is the same, but no turn is spent in a room that can no longer be won.
+With `min_solution_moves` (0 by default, as in the paper's environment), a task whose room is solved in
+fewer moves gets another room (drawn from its seed): a measure on rooms of 3+ moves is not diluted by the
+rooms of one or two moves (half of the default draw) that the toy's warm-started base already wins.
 """
 
 from __future__ import annotations
@@ -182,6 +185,23 @@ def generate_room(
     )
 
 
+@functools.lru_cache(maxsize=2048)
+def task_room(
+    seed: int, shape: tuple[int, int], num_boxes: int, search_depth: int, min_solution_moves: int = 0
+) -> SokobanState:
+    """Task `seed`'s room: `generate_room(seed)`, redrawn from a generator seeded with `seed` while its
+    shortest solution is under `min_solution_moves` moves (still one room per seed, for every episode)."""
+    room, rng = generate_room(seed, shape, num_boxes, search_depth), random.Random(seed)
+    for _ in range(_MAX_GENERATION_ATTEMPTS):
+        if len(solve(room)) >= min_solution_moves:
+            return room
+        room = generate_room(rng.randrange(2**32), shape, num_boxes, search_depth)
+    raise ConfigError(
+        f"env.min_solution_moves={min_solution_moves}: no room of env.dim_room={shape} with env.num_boxes="
+        f"{num_boxes} needs that many moves in {_MAX_GENERATION_ATTEMPTS} draws; lower it"
+    )
+
+
 def _random_walk_topology(shape: tuple[int, int], num_steps: int, rng: random.Random) -> np.ndarray:
     height, width = shape
     direction = rng.choice(_WALK_DIRECTIONS)
@@ -297,13 +317,14 @@ class SokobanEnv(Env):
 
     def __init__(
         self, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 1, max_steps: int | None = None,
-        search_depth: int = SEARCH_DEPTH, end_on_deadlock: bool = False,
+        search_depth: int = SEARCH_DEPTH, end_on_deadlock: bool = False, min_solution_moves: int = 0,
     ) -> None:
         self.dim_room = tuple(dim_room)
         self.num_boxes = num_boxes
         self.max_steps = max_steps or MAX_STEPS
         self.search_depth = search_depth
         self.end_on_deadlock = end_on_deadlock
+        self.min_solution_moves = min_solution_moves
         goal = "the box onto the target" if num_boxes == 1 else f"all {num_boxes} boxes onto the targets"
         self.task = (
             f"Sokoban: push {goal} in the {self.dim_room[0]}x{self.dim_room[1]} room within {self.max_steps} "
@@ -317,7 +338,7 @@ class SokobanEnv(Env):
     def _observe(self) -> Observation: ...
 
     def reset(self, seed: int) -> tuple[Observation, dict[str, Any]]:
-        self.state = generate_room(seed, self.dim_room, self.num_boxes, self.search_depth)
+        self.state = task_room(seed, self.dim_room, self.num_boxes, self.search_depth, self.min_solution_moves)
         self._steps, self._done = 0, False
         return self._observe(), self._info(action_valid=True, moved=False, pushed=False)
 

@@ -1,12 +1,15 @@
 """Compare warm starts: the skill and analyzer preconditions each `warmstart.json` (or base record) measured.
 
     python scripts/warmstart_table.py DIR/warmstart.json docs/runs/toy/base.json ...
+    python scripts/warmstart_table.py --measure MODEL_DIR --config RECIPE [KEY=VALUE ...] --out OUT.json
 
 Prints a Markdown row per file and environment: success with no, the correct and a wrong skill, the gap on
 won correct-skill episodes, and the self-analyzer's valid and agreeing (won episodes) skills, in % unless
 marked. A variant is built with `seed-vl warmstart --config configs/tiny/sokoban_visual.yaml` plus
 `configs/reproduce/toy.yaml`'s overrides, `"warmstart.envs=[sokoban_visual, ezpoints_visual]"`,
-`warmstart.out_dir=DIR` and the settings tried.
+`warmstart.out_dir=DIR` and the settings tried. `--measure` measures a model as the warm start does, on the
+recipe's environment and held-out tasks with its overrides (e.g. `env.min_solution_moves=3`: rooms of 3+
+moves only), writes OUT.json and prints its row.
 """
 
 from __future__ import annotations
@@ -35,10 +38,33 @@ def rows(path: Path) -> list[str]:
     ]
 
 
+def measure(model_dir: str, recipe: str, overrides: list[str], out: Path) -> None:
+    from seed_vl.config import load_config
+    from seed_vl.io import atomic_write_text
+    from seed_vl.policy import Policy
+    from seed_vl.toy.warmstart import measure_base_policy
+
+    config = load_config(recipe, overrides)
+    policy = Policy.from_config(config.model, path=model_dir, seed=config.warmstart.seed)
+    measures = {config.env.name: measure_base_policy(policy, config, config.env)}
+    summary = {"model": model_dir, "config": recipe, "overrides": overrides, "base": measures}
+    atomic_write_text(out, json.dumps(summary, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("summaries", nargs="+", type=Path, metavar="JSON")
-    args = parser.parse_args()
+    parser.add_argument("summaries", nargs="*", type=Path, metavar="JSON")
+    parser.add_argument("--measure", metavar="MODEL_DIR", help="measure this model instead of reading summaries")
+    parser.add_argument("--config", help="with --measure: the recipe whose environment and evaluation to use")
+    parser.add_argument("--out", type=Path, help="with --measure: where to write the measures")
+    args, overrides = parser.parse_known_args()
+    if args.measure:
+        if not (args.config and args.out):
+            parser.error("--measure needs --config and --out")
+        measure(args.measure, args.config, [*map(str, args.summaries), *overrides], args.out)
+        args.summaries = [args.out]
+    elif overrides:
+        parser.error(f"unrecognized arguments: {' '.join(overrides)}")
     print("| warm start | environment | " + " | ".join(heading for heading, _, _ in COLUMNS) + " |")
     print("|---|---|" + "---|" * len(COLUMNS))
     for path in args.summaries:

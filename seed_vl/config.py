@@ -77,6 +77,7 @@ class EnvConfig(Section):
     num_boxes: int = Field(1, ge=1, le=4)  # Sokoban
     cell_px: int = Field(16, ge=4, le=64)  # Sokoban frame: pixels per grid cell
     end_on_deadlock: bool = False  # Sokoban: a push that makes the room unsolvable ends the episode (lost)
+    min_solution_moves: int = Field(0, ge=0, le=20)  # Sokoban: rooms solved in fewer moves are redrawn
     image_size: int = Field(300, ge=56, le=1024)  # EZPoints frame side
     textworld_level: int = Field(1, ge=1, le=30)  # TextWorld tw-treasure_hunter level
     textworld_pool_size: int = Field(16, ge=1)

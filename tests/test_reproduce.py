@@ -131,6 +131,16 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     assert "the code has changed since" in capsys.readouterr().err
     assert (tmp_path / "runs" / "warmstart" / "warmstart.json").stat().st_mtime == built
 
+    # Another setting starts a started run over (never continued under settings it did not start with); a
+    # raised budget continues it.
+    run_dir, one_run = tmp_path / "runs" / "sokoban-grpo-seed0", [*args, "workers=1", "seeds=[0]", "methods=[grpo]"]
+    reproduce(None, [*one_run, f"overrides={json.dumps([*run_overrides, 'train.lr=1e-3'])}"])
+    assert "Sokoban / grpo / seed 0: started over (its checkpoint differs in train.lr)" in capsys.readouterr().out
+    assert "lr: 0.001" in (run_dir / "checkpoints" / "step_000002" / "config.yaml").read_text()
+    reproduce(None, [*one_run, f"overrides={json.dumps([*run_overrides, 'train.lr=1e-3', 'train.steps=3'])}"])
+    assert "Sokoban / grpo / seed 0 (continued)" in capsys.readouterr().out
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+
 
 def _run(task: str, method: str, seed: int, curve: list[tuple[int, float]]) -> RunResult:
     """A run whose metrics hold these (env steps, held-out success) evaluations, the first at step 0."""

@@ -103,6 +103,26 @@ def test_end_on_deadlock_ends_at_the_push_that_makes_the_room_unsolvable(cls):
         assert (terminated, truncated, info["won"], reward) == (ends, False, False, pytest.approx(-0.1))
 
 
+@pytest.mark.parametrize("cls", [SokobanTextEnv, SokobanVisualEnv])
+def test_min_solution_moves_redraws_short_rooms_and_keeps_one_room_per_seed(cls):
+    seeds = range(1_000_000, 1_000_064)  # the evaluation's first tasks
+    short = [seed for seed in seeds if len(solve(generate_room(seed))) < 3]
+    assert 0 < len(short) < len(seeds)  # the default draw holds rooms of one or two moves
+    env = cls(min_solution_moves=3)
+    for seed in seeds:
+        env.reset(seed)
+        room = env.state
+        assert len(solve(room)) >= 3
+        if seed not in short:  # a room long enough is the default draw's own
+            assert room == generate_room(seed)
+        env.step("up")
+        env.reset(seed)
+        assert env.state == room  # every episode of a task, and every replay, plays the same room
+    assert cls().min_solution_moves == 0  # off by default, as in the paper's environment
+    with pytest.raises(ConfigError, match="env.min_solution_moves=20"):
+        cls(min_solution_moves=20).reset(0)
+
+
 def test_box_off_target_costs_one_and_a_second_box_on_target_earns_one():
     env = SokobanTextEnv()
     env.reset(0)

@@ -213,3 +213,15 @@ def test_terse_response_keeps_the_last_sentence_and_the_action():
 def test_bad_environment_lists_are_one_line_config_errors(override, field):
     with pytest.raises(ConfigError, match=field):
         load_config(None, [override])
+
+
+def test_a_base_recorded_before_a_setting_existed_matches_at_its_default_only():
+    recipe = "configs/tiny/sokoban_visual.yaml"
+    recorded = json.loads(json.dumps(warmstart.warmstart_settings(load_config(recipe))))
+    for env in recorded["envs"]:
+        del env["min_solution_moves"]  # as a base built before the setting existed recorded it
+    del recorded["warmstart"]["seed"]  # the recipe keeps the default
+    assert warmstart.same_warmstart_settings(recorded, load_config(recipe))
+    for changed in ("env.min_solution_moves=3", "warmstart.seed=1", "warmstart.skill_drills=3600"):
+        assert not warmstart.same_warmstart_settings(recorded, load_config(recipe, [changed]))
+    assert not warmstart.same_warmstart_settings(None, load_config(recipe))

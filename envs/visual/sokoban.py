@@ -56,8 +56,9 @@ class SokobanVisualEnv(SokobanEnv):
     def __init__(
         self, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 1, max_steps: int | None = None,
         cell_px: int = SPRITE_PX, search_depth: int = SEARCH_DEPTH, end_on_deadlock: bool = False,
+        min_solution_moves: int = 0,
     ) -> None:
-        super().__init__(dim_room, num_boxes, max_steps, search_depth, end_on_deadlock)
+        super().__init__(dim_room, num_boxes, max_steps, search_depth, end_on_deadlock, min_solution_moves)
         self.cell_px = cell_px
 
     def _observe(self) -> Observation:

@@ -2,7 +2,8 @@
 base, several seeds each, equal environment-step budgets; writes a RESULTS.md table and learning curves.
 
 It may take hours on a CPU, so it resumes: the same command again skips finished runs and continues an
-unfinished one from its last checkpoint (`checkpoint.every` in the recipe sets how much a crash can cost).
+unfinished one from its last checkpoint (`checkpoint.every` in the recipe sets how much a crash can cost); a
+run whose checkpoint was trained under other settings (the budget aside) starts over.
 Each run's wall time is recorded in its `wall_time.json`. A finished run leaves a record in `records_dir`
 (its settings, base-model digest, wall time and the metrics the results show): the results are rendered from
 these records alone, so committed records re-render RESULTS.md on any clone (`--report-only`) and a
@@ -30,7 +31,7 @@ import torch
 from pydantic import Field
 
 from seed_vl.checkpoint import list_checkpoints, load_trainer_state
-from seed_vl.config import Config, ConfigError, Section, load_config
+from seed_vl.config import Config, ConfigError, Section, load_config, to_dict
 from seed_vl.io import atomic_write_text, model_digest
 from seed_vl.plots import Run, draw_runs
 from seed_vl.toy.warmstart import (
@@ -38,8 +39,8 @@ from seed_vl.toy.warmstart import (
     SUMMARY_FILE,
     cached_key,
     run_warmstart,
+    same_warmstart_settings,
     warmstart_key,
-    warmstart_settings,
 )
 from seed_vl.tracking import read_metrics
 from seed_vl.trainer import run_dir_for, run_finished, train
@@ -62,6 +63,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
         ],
     ),
 }
+BUDGET_SETTINGS = {"train.steps", "train.env_step_budget"}  # raised, they continue a run; any other change restarts it
 WALL_TIME_FILE = "wall_time.json"  # in each run directory: its training seconds, summed over sessions
 BASE_RECORD = "base.json"  # in `records_dir`: the shared base's digest, warm-start settings, measures, wall time
 BUILT_WITH = ("torch", "transformers", "numpy", "pillow")  # library versions recorded with the base
@@ -175,7 +177,7 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
         started = [c for c in runs.values() if list_checkpoints(run_dir_for(c) / "checkpoints")]
         if not started or cached_key(warmstart_dir) == warmstart_key(first):
             run_warmstart(first)
-        elif _read_json(warmstart_dir / SUMMARY_FILE).get("settings") != json.loads(json.dumps(warmstart_settings(first))):
+        elif not same_warmstart_settings(_read_json(warmstart_dir / SUMMARY_FILE).get("settings"), first):
             raise ConfigError(
                 f"{cfg.output_dir}: its runs started from a warm start that the current settings would rebuild; "
                 "remove the directory (or set output_dir) to start over, or pass --report-only"
@@ -328,18 +330,42 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def run_status(config: Config) -> str:
-    """'finished', 'unfinished' (a checkpoint to continue from) or 'absent'."""
+    """'finished', 'unfinished' (a checkpoint to continue from), 'absent', or 'stale: FIELDS' (a checkpoint
+    trained under other settings than `config`'s, which FIELDS name: the run starts over)."""
     checkpoints = list_checkpoints(run_dir_for(config) / "checkpoints")
     if not checkpoints:
         return "absent"
+    changed = changed_settings(load_config(checkpoints[-1] / "config.yaml"), config)
+    if changed:
+        return f"stale: {', '.join(changed)}"
     state = load_trainer_state(checkpoints[-1])
     return "finished" if run_finished(config.train, state.step, state.counters["env_steps"]) else "unfinished"
+
+
+def changed_settings(before: Config, after: Config) -> list[str]:
+    """Dotted names of the settings that differ, the budget aside: a raised budget continues a run."""
+    flat_before, flat_after = _flatten(to_dict(before)), _flatten(to_dict(after))
+    return sorted(name for name in flat_before.keys() | flat_after.keys()
+                  if name not in BUDGET_SETTINGS and flat_before.get(name) != flat_after.get(name))
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _train_to_the_end(config: Config, label: str) -> None:
     status = run_status(config)
     if status == "finished":
         return
+    if status.startswith("stale"):  # its record, if any, no longer matches either: it is trained again
+        print(f"[reproduce] {label}: started over (its checkpoint differs in {status[7:]})", flush=True)
+        status = "absent"
     print(f"[reproduce] {label}" + (" (continued)" if status == "unfinished" else ""), flush=True)
     run_dir, started = run_dir_for(config), time.perf_counter()
     earlier = _wall_time_s(run_dir) if status == "unfinished" else 0.0

@@ -45,7 +45,7 @@ import seed_vl
 import seed_vl.envs
 import seed_vl.processors
 from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyzer
-from seed_vl.config import Config, EnvConfig
+from seed_vl.config import Config, EnvConfig, WarmstartConfig
 from seed_vl.envs.group import EnvGroup
 from seed_vl.evaluation import EVAL_STEP, episode_stats
 from seed_vl.io import atomic_directory, atomic_write_text, content_digest, model_digest
@@ -232,6 +232,21 @@ def warmstart_settings(config: Config) -> dict[str, Any]:
         "sft": fields(config.sft, "max_length"),
         "version": seed_vl.__version__,
     }
+
+
+def same_warmstart_settings(recorded: dict[str, Any] | None, config: Config) -> bool:
+    """Whether a warm start recorded with `recorded` settings is `config`'s. Fields added to the warm-start or
+    environment settings since it was recorded count at their defaults: a code update keeps its base."""
+    if not recorded:
+        return False
+    env_defaults, ws_defaults = EnvConfig().model_dump(mode="json"), WarmstartConfig().model_dump(mode="json")
+    recorded = {
+        **recorded,
+        "warmstart": {key: value for key, value in {**ws_defaults, **recorded["warmstart"]}.items()
+                      if key not in ("base_model", "out_dir")},
+        "envs": [{**env_defaults, **env} for env in recorded["envs"]],
+    }
+    return recorded == json.loads(json.dumps(warmstart_settings(config)))
 
 
 def warmstart_key(config: Config, base: Path | None = None) -> str:
