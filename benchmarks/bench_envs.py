@@ -20,7 +20,7 @@ import numpy as np
 
 from seed_vl.config import EnvConfig
 from seed_vl.envs.registry import make_env
-from seed_vl.envs.sokoban import generate_room
+from seed_vl.envs.sokoban import generate_room, task_room
 from seed_vl.envs.visual.sokoban import render_frame
 
 DEFAULT_ENVS = ["sokoban_visual", "sokoban_text", "ezpoints_visual", "ezpoints_text"]
@@ -37,6 +37,7 @@ def rate(fn, count: int) -> float:
 def bench_env(name: str, resets: int, steps: int) -> dict[str, float]:
     env = make_env(EnvConfig(name=name))
     generate_room.cache_clear()
+    task_room.cache_clear()
     resets_per_s = rate(lambda i: env.reset(10_000 + i), resets)
 
     rng = random.Random(0)

@@ -193,7 +193,7 @@ def task_room(
     shortest solution is under `min_solution_moves` moves (still one room per seed, for every episode)."""
     room, rng = generate_room(seed, shape, num_boxes, search_depth), random.Random(seed)
     for _ in range(_MAX_GENERATION_ATTEMPTS):
-        if len(solve(room)) >= min_solution_moves:
+        if not min_solution_moves or len(solve(room)) >= min_solution_moves:
             return room
         room = generate_room(rng.randrange(2**32), shape, num_boxes, search_depth)
     raise ConfigError(
