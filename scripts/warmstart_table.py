@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+from seed_vl.config import ConfigError, load_config
+from seed_vl.io import atomic_write_text
+from seed_vl.policy import Policy
+from seed_vl.toy.warmstart import measure_base_policy
 
 COLUMNS = [  # (heading, measure, a share in % or nats)
     ("none", "skills/success/none", "%"),
@@ -29,7 +35,10 @@ COLUMNS = [  # (heading, measure, a share in % or nats)
 
 
 def rows(path: Path) -> list[str]:
-    base = json.loads(path.read_text())["base"]
+    try:
+        base = json.loads(path.read_text())["base"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ConfigError(f"{path}: not a warm-start summary or base record (no 'base' measures)") from None
     return [
         f"| {path} | {env} | "
         + " | ".join(f"{100 * m[key]:.1f}" if kind == "%" else f"{m[key]:+.2f}" for _, key, kind in COLUMNS)
@@ -39,11 +48,7 @@ def rows(path: Path) -> list[str]:
 
 
 def measure(model_dir: str, recipe: str, overrides: list[str], out: Path) -> None:
-    from seed_vl.config import load_config
-    from seed_vl.io import atomic_write_text
-    from seed_vl.policy import Policy
-    from seed_vl.toy.warmstart import measure_base_policy
-
+    """Measure the model at `model_dir` as the warm start measures its base, on the recipe's environment."""
     config = load_config(recipe, overrides)
     policy = Policy.from_config(config.model, path=model_dir, seed=config.warmstart.seed)
     measures = {config.env.name: measure_base_policy(policy, config, config.env)}
@@ -51,25 +56,34 @@ def measure(model_dir: str, recipe: str, overrides: list[str], out: Path) -> Non
     atomic_write_text(out, json.dumps(summary, indent=1) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("summaries", nargs="*", type=Path, metavar="JSON")
+    parser.add_argument("items", nargs="*", metavar="JSON | KEY=VALUE",
+                        help="summaries to compare; with --measure, overrides of the recipe")
     parser.add_argument("--measure", metavar="MODEL_DIR", help="measure this model instead of reading summaries")
     parser.add_argument("--config", help="with --measure: the recipe whose environment and evaluation to use")
     parser.add_argument("--out", type=Path, help="with --measure: where to write the measures")
-    args, overrides = parser.parse_known_args()
-    if args.measure:
-        if not (args.config and args.out):
-            parser.error("--measure needs --config and --out")
-        measure(args.measure, args.config, [*map(str, args.summaries), *overrides], args.out)
-        args.summaries = [args.out]
-    elif overrides:
-        parser.error(f"unrecognized arguments: {' '.join(overrides)}")
+    args = parser.parse_args(argv)
+    try:
+        if args.measure:
+            if not (args.config and args.out):
+                parser.error("--measure needs --config and --out")
+            if not (Path(args.measure) / "config.json").is_file():
+                raise ConfigError(f"--measure {args.measure}: not a model directory (no config.json)")
+            measure(args.measure, args.config, args.items, args.out)
+            summaries = [args.out]
+        else:
+            summaries = [Path(item) for item in args.items]
+        table = [rows(path) for path in summaries]
+    except (ConfigError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print("| warm start | environment | " + " | ".join(heading for heading, _, _ in COLUMNS) + " |")
     print("|---|---|" + "---|" * len(COLUMNS))
-    for path in args.summaries:
-        print("\n".join(rows(path)))
+    for lines in table:
+        print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from seed_vl.analyzer import parse_analysis
-from seed_vl.config import ConfigError, load_config
+from seed_vl.config import ConfigError, load_config, save_config
 from seed_vl.io import model_digest
 from seed_vl.policy import Policy
 from seed_vl.toy import demonstrations, lookup_pretraining, tiny_model, warmstart
@@ -225,3 +227,20 @@ def test_a_base_recorded_before_a_setting_existed_matches_at_its_default_only():
     for changed in ("env.min_solution_moves=3", "warmstart.seed=1", "warmstart.skill_drills=3600"):
         assert not warmstart.same_warmstart_settings(recorded, load_config(recipe, [changed]))
     assert not warmstart.same_warmstart_settings(None, load_config(recipe))
+
+
+def test_warmstart_table_measures_a_model_as_the_warm_start_measured_it(warm, tmp_path):
+    config, model_dir = warm
+    recipe, out = tmp_path / "recipe.yaml", tmp_path / "measured.json"
+    save_config(config, recipe)
+    script = [sys.executable, str(Path(__file__).parents[1] / "scripts" / "warmstart_table.py")]
+    result = subprocess.run([*script, "--measure", str(model_dir), "--config", str(recipe), "--out", str(out)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    recorded = json.loads((model_dir.parent / "warmstart.json").read_text())["base"]["sokoban_visual"]
+    assert json.loads(out.read_text())["base"] == {"sokoban_visual": recorded}
+    assert f"| {out} | sokoban_visual | {100 * recorded['skills/success/none']:.1f} |" in result.stdout
+
+    bad = subprocess.run([*script, "--measure", str(model_dir), "--config", str(recipe), "env.bogus=1", "--out",
+                          str(out)], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: env.bogus: unknown key"

@@ -364,7 +364,8 @@ def _train_to_the_end(config: Config, label: str) -> None:
     if status == "finished":
         return
     if status.startswith("stale"):  # its record, if any, no longer matches either: it is trained again
-        print(f"[reproduce] {label}: started over (its checkpoint differs in {status[7:]})", flush=True)
+        changed = status.removeprefix("stale: ")
+        print(f"[reproduce] {label}: started over (its checkpoint differs in {changed})", flush=True)
         status = "absent"
     print(f"[reproduce] {label}" + (" (continued)" if status == "unfinished" else ""), flush=True)
     run_dir, started = run_dir_for(config), time.perf_counter()
