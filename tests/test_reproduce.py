@@ -114,6 +114,11 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
         with pytest.raises(ConfigError, match="started from another base"):
             reproduce(None, args, report_only=report_only)
     other.write_text(recorded)
+    stray = tmp_path / "records" / "notes.json"
+    stray.write_text("{}")
+    with pytest.raises(ConfigError, match="notes.json: not a run record"):
+        reproduce(None, args)
+    stray.unlink()
 
     # Other warm-start settings would rebuild the shared base under the finished runs: refused, nothing lost.
     with pytest.raises(ConfigError, match="runs started from a warm start"):

@@ -282,7 +282,12 @@ def _record_base(warmstart_dir: Path, records_dir: Path) -> str:
     thread count rebuild the same bytes) and return its digest; refused when a run record there started from another base."""
     digest = model_digest(warmstart_dir / MODEL_DIR)
     for path in sorted(records_dir.glob("*.json")):
-        if path.name != BASE_RECORD and _read_json(path).get("base") != digest:
+        if path.name == BASE_RECORD:
+            continue
+        record = _read_json(path)
+        if "base" not in record:
+            raise ConfigError(f"{path}: not a run record (it has no 'base'); move it out of {records_dir}")
+        if record["base"] != digest:
             raise ConfigError(
                 f"{path}: started from another base than the warm start in {warmstart_dir} ({digest}); move the "
                 "records away (or set records_dir) to start over"
