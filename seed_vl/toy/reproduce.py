@@ -413,7 +413,7 @@ _FORMATS = {"%": lambda v: f"{100 * v:.1f}", "nats": lambda v: f"{v:+.3f}", "gat
 
 
 def _precondition_lines(preconditions: dict[str, dict[str, float]]) -> list[str]:
-    """Does the base see, read a skill, and does its self-analyzer write usable ones (README: the warm start)."""
+    """Does the base see, read a skill, and does its self-analyzer write usable ones (docs/TOY.md: the warm start)."""
     if not preconditions:
         return []
 
