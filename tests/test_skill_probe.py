@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -10,7 +11,7 @@ import pytest
 from transformers import AutoProcessor
 
 from seed_vl.analyzer import parse_analysis
-from seed_vl.config import EnvConfig, load_config
+from seed_vl.config import Config, EnvConfig, load_config, save_config
 from seed_vl.envs import sokoban
 from seed_vl.envs.base import step_route
 from seed_vl.policy import Policy
@@ -146,3 +147,49 @@ def test_lookup_probe_trains_and_reports_accuracy(tiny_vl_path, tmp_path, capsys
     with pytest.raises(SystemExit) as exit_info:
         probe.main(["--model", str(tmp_path / "missing")])
     assert exit_info.value.code == 2 and "--model: no model at" in capsys.readouterr().err
+
+
+def test_copy_probe_counts_each_format_by_route_length(tiny_vl_path, tmp_path, capsys, script_module):
+    probe = script_module("copy_probe")
+    assert probe.main(["--model", tiny_vl_path, "--examples", "6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["document", "drill"]
+    for line in lines:
+        cells = re.findall(r"(\d+)\+?: (\d+)/(\d+)", line.split("length: ", 1)[1])
+        assert sum(int(total) for _, _, total in cells) == 6
+        assert all(int(right) <= int(total) for _, right, total in cells)
+    with pytest.raises(SystemExit) as exit_info:
+        probe.main(["--model", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2 and "--model: no model at" in capsys.readouterr().err
+
+
+def test_copy_probe_on_a_run_counts_won_episodes_whose_skill_quotes_their_route(tmp_path, script_module, capsys):
+    """A hand-built run on the real env: solver wins with a skill that quotes the route, one that does not,
+    and a lost episode, which is not counted."""
+    plans = {}
+    for seed in range(200):
+        plan = sokoban.solve(sokoban.generate_room(seed, (6, 6), 1, 30))
+        plans.setdefault(min(len(plan), 2), (seed, plan))
+    (one_seed, one), (long_seed, long) = plans[1], plans[2]
+
+    def record(seed, won, actions, skill):
+        turns = [{"response_text": "", "response_ids": [1], "action": a, "action_valid": True, "reward": 0.0} for a in actions]
+        return {"seed": seed, "group_id": 0, "won": won, "episode_return": 0.0, "turns": turns, "skill": skill}
+
+    step_dir = tmp_path / "trajectories" / "step_000001"
+    step_dir.mkdir(parents=True)
+    records = [
+        record(one_seed, True, one, f"Winning order: {step_route(one)}."),
+        record(long_seed, True, long, f"Winning order: {step_route(long)}."),
+        record(long_seed, True, long, "Winning order: step 1 up."),
+        record(long_seed, True, long, None),
+        record(long_seed, False, long[:1], f"Winning order: {step_route(long)}."),
+    ]
+    (step_dir / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    save_config(Config.model_validate({"env": {"name": "sokoban_text"}}), tmp_path / "config.yaml")
+    probe = script_module("copy_probe")
+    assert probe.main(["--run", str(tmp_path)]) == 0
+    n = min(len(long), 7)
+    assert capsys.readouterr().out.strip().endswith(f"1: 1/1, {n}{'+' if n == 7 else ''}: 1/3")
+    assert probe.main(["--run", str(tmp_path / "missing")]) == 2
+    assert "error:" in capsys.readouterr().err
