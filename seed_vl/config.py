@@ -223,9 +223,6 @@ class WarmstartConfig(Section):
     # copying its move, what following a skill needs; 0 = none. Cached in `<base_model>-lookup/`.
     lookup_steps: int = Field(0, ge=0)
     lookup_drills: int = Field(0, ge=0)  # lookup and copy documents (half each) as chat examples in the SFT
-    # More copy documents as chat examples: the SFT must carry the copy into the analyzer's chat format, and
-    # 600 left the base quoting routes of 1-2 moves only (scripts/copy_probe.py)
-    copy_drills: int = Field(0, ge=0)
     freeze_attention: bool = False  # SFT leaves the decoder's attention (where the lookup lives) as it is
     # Perception pretraining next (seed_vl/toy/perception_pretraining.py): steps of frame -> winning move on
     # rooms one push from solved, what acting on the frame needs; 0 = none. Needs sokoban_visual in `envs`.

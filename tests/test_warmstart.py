@@ -139,19 +139,6 @@ def test_demonstration_counts_can_differ_per_environment(tmp_path):
     )
 
 
-def test_copy_drills_add_chat_copies_of_routes_and_leave_the_rest_of_the_mix_as_it_was(tmp_path):
-    """Each copy drill is a route in the analyzer's wording, answered with a skill quoting it whole."""
-    settings = ("warmstart.demonstrations=1", "warmstart.analyzer_episodes=0", "warmstart.lookup_drills=4")
-    without = tiny_budget(tmp_path, *settings)
-    with_copies = tiny_budget(tmp_path, *settings, "warmstart.copy_drills=5")
-    sokoban = warmstart.env_config(without, "sokoban_visual")
-    before, after = (warmstart.warmstart_examples(c, [sokoban], None)[0] for c in (without, with_copies))
-    assert after[:len(before)] == before and len(after) == len(before) + 5
-    for drill in after[len(before):]:
-        route = drill.context[0]["content"].split("Actions taken: ", 1)[1]
-        assert route.startswith("step 1 ") and route in parse_analysis(drill.response, min_words=1)[1]
-
-
 def test_analyzer_pairs_hold_both_workflow_skills_and_avoidance_rules(tmp_path):
     config = tiny_budget(tmp_path, "env.max_steps=15")
     env = warmstart.env_config(config, "sokoban_visual")

@@ -154,7 +154,6 @@ def warmstart_examples(
             bar.update()
     rng = random.Random(derive_seed(_LOOKUP_STREAM, ws.seed))
     demonstrations += [(copy_drill if k % 2 else lookup_drill)(rng) for k in range(ws.lookup_drills)]
-    demonstrations += [copy_drill(rng) for _ in range(ws.copy_drills)]
     sokoban = env_config(config, "sokoban_visual")
     if ws.perception_drills:
         demonstrations += final_push_turns(
