@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+from pathlib import Path
 
 import pytest
 from transformers import AutoProcessor
@@ -151,13 +152,18 @@ def test_lookup_probe_trains_and_reports_accuracy(tiny_vl_path, tmp_path, capsys
 
 def test_copy_probe_counts_each_format_by_route_length(tiny_vl_path, tmp_path, capsys, script_module):
     probe = script_module("copy_probe")
-    assert probe.main(["--model", tiny_vl_path, "--examples", "6"]) == 0
+    recipe = str(Path(__file__).parents[1] / "configs" / "tiny" / "sokoban_visual.yaml")
+    assert probe.main(["--model", tiny_vl_path, "--examples", "6", "--config", recipe, "env.cell_px=28"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ["document", "drill"]
+    assert [line.split()[0] for line in lines] == ["document", "drill", "analyzer"]
+    totals = []
     for line in lines:
         cells = re.findall(r"(\d+)\+?: (\d+)/(\d+)", line.split("length: ", 1)[1])
-        assert sum(int(total) for _, _, total in cells) == 6
+        totals.append(sum(int(total) for _, _, total in cells))
         assert all(int(right) <= int(total) for _, right, total in cells)
+    assert totals[:2] == [6, 6] and 1 <= totals[2] <= 6  # the analyzer's: the won ones of 6 episodes
+    assert probe.main(["--model", tiny_vl_path, "--config", recipe, "env.cell_px=-1"]) == 2
+    assert "env.cell_px" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         probe.main(["--model", str(tmp_path / "missing")])
     assert exit_info.value.code == 2 and "--model: no model at" in capsys.readouterr().err
