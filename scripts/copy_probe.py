@@ -34,6 +34,7 @@ from seed_vl.policy import Policy
 from seed_vl.report import read_trajectories, trajectory_steps
 from seed_vl.sft import SFTExample
 from seed_vl.toy.lookup_pretraining import copy_document, copy_drill
+from seed_vl.toy.skill_probe import skill_agrees
 from seed_vl.toy.warmstart import analyzer_examples, env_config
 
 LONGEST = 7  # routes of 7+ moves are counted together
@@ -53,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.examples < 1:
         parser.error(f"--examples: must be >= 1, got {args.examples}")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps: must be >= 1, got {args.steps}")
     if args.run is not None:
         try:
             right = _run_quotes(Path(args.run), args.steps)
@@ -97,9 +100,7 @@ def _run_quotes(run_dir: Path, steps: int | None) -> dict[int, list[bool]]:
     for record in (r for d in step_dirs for r in read_trajectories(d / "trajectories.jsonl")):
         if record["won"]:
             actions = [turn["action"] for turn in record["turns"]]
-            facts = env.hindsight_facts(record["seed"], actions)
-            quoted = record["skill"] is not None and any(fact in record["skill"] for fact in facts)
-            right[min(len(actions), LONGEST)].append(quoted)
+            right[min(len(actions), LONGEST)].append(skill_agrees(env, record["seed"], actions, record["skill"]))
     if not right:
         raise ConfigError(f"{run_dir}: no won episode in its saved trajectories")
     return right

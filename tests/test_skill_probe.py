@@ -199,3 +199,8 @@ def test_copy_probe_on_a_run_counts_won_episodes_whose_skill_quotes_their_route(
     assert capsys.readouterr().out.strip().endswith(f"1: 1/1, {n}{'+' if n == 7 else ''}: 1/3")
     assert probe.main(["--run", str(tmp_path / "missing")]) == 2
     assert "error:" in capsys.readouterr().err
+    assert probe.main(["--run", str(tmp_path), "--steps", "1"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"1: 1/1, {n}{'+' if n == 7 else ''}: 1/3")
+    with pytest.raises(SystemExit) as exit_info:
+        probe.main(["--run", str(tmp_path), "--steps", "-1"])  # a negative slice would drop the last updates
+    assert exit_info.value.code == 2 and "--steps: must be >= 1" in capsys.readouterr().err

@@ -24,6 +24,7 @@ import statistics
 import torch
 
 from seed_vl.config import Config, EnvConfig
+from seed_vl.envs.base import Env
 from seed_vl.envs.group import EnvGroup
 from seed_vl.envs.registry import make_env
 from seed_vl.evaluation import EVAL_STEP
@@ -129,15 +130,17 @@ def _with_skill(context, skill: str | None):
     return context if skill is None else insert_skill(context, skill)
 
 
+def skill_agrees(game: Env, seed: int, actions: list[str | None], skill: str | None) -> bool:
+    """Whether `skill` states what the scripted analyzer's would for this episode (`Env.hindsight_facts`)."""
+    return skill is not None and any(fact in skill for fact in game.hindsight_facts(seed, actions))
+
+
 def analyzer_agreement(env: EnvConfig, trajectories: list[Trajectory]) -> dict[str, float]:
     """Of the analyzed `trajectories`, the share with a usable skill (`valid`) and the share whose skill
     states what the scripted analyzer's would (`agree`: the winning order or a correct solution, see
     `Env.hindsight_facts`), also over won episodes alone (`agree_won`; nan without any)."""
     game = make_env(env)
-    agrees = [
-        t.skill is not None and any(fact in t.skill for fact in game.hindsight_facts(t.seed, t.actions))
-        for t in trajectories
-    ]
+    agrees = [skill_agrees(game, t.seed, t.actions, t.skill) for t in trajectories]
     won = [agree for agree, t in zip(agrees, trajectories, strict=True) if t.won]
     return {
         "valid": statistics.fmean(t.skill is not None for t in trajectories),
