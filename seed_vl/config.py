@@ -233,6 +233,14 @@ class WarmstartConfig(Section):
     # pushes, what reading a skill in the policy's own prompt needs; and as chat examples in the SFT.
     perception_skill_turns: int = Field(0, ge=0)
     skill_drills: int = Field(0, ge=0)
+    # Stage-1 analyzer SFT after that SFT, with the decoder's attention trained (quoting a long route from the
+    # analyzer prompt needs it; the first SFT keeps it frozen for the lookup): analyzer pairs of this many
+    # unseen episodes per environment, and as many on Sokoban rooms of 3+ moves; 0 = none. Beside them,
+    # `analyzer_sft_replay` examples of each drill kind the first SFT had and up to half as many of its
+    # demonstration episodes, so that acting and reading are kept.
+    analyzer_sft_episodes: int = Field(0, ge=0)
+    analyzer_sft_replay: int = Field(600, ge=0)
+    analyzer_sft_lr: float = Field(1e-3, gt=0.0)
     out_dir: str = ".cache/warmstart-vl"  # model/ and warmstart.json; reused while the settings match
     envs: list[str] = ["sokoban_visual", "ezpoints_visual"]  # all visual (VL model) or all text
     seed: int = 0  # demonstrations, shuffling, evaluation sampling

@@ -199,6 +199,38 @@ def test_frozen_attention_leaves_the_decoders_attention_untouched(tmp_path):
     assert all(not torch.equal(base[n], trained[n]) for n in mlp)
 
 
+def test_the_analyzer_sft_trains_the_attention_the_first_sft_froze(tmp_path):
+    config = tiny_budget(
+        tmp_path, "warmstart.freeze_attention=true", "warmstart.envs=[sokoban_visual]",
+        "warmstart.analyzer_sft_episodes=2", "warmstart.analyzer_sft_replay=2",
+    )
+    model_dir = warmstart.run_warmstart(config)
+    trained, base = load_file(model_dir / "model.safetensors"), load_file(tmp_path / "tiny-vl" / "model.safetensors")
+    attention = [n for n in base if ".self_attn." in n and "visual" not in n]
+    assert attention and all(not torch.equal(base[n], trained[n]) for n in attention)
+    stage1 = json.loads((model_dir.parent / "warmstart.json").read_text())["analyzer_sft"]
+    assert stage1["steps"] == -(-stage1["examples"] // config.warmstart.batch_size) and stage1["loss_curve"]
+
+
+def test_analyzer_sft_pairs_are_unseen_episodes_with_long_rooms_beside_replays(tmp_path):
+    config = tiny_budget(
+        tmp_path, "env.max_steps=15", "warmstart.envs=[sokoban_visual]", "warmstart.lookup_drills=2",
+        "warmstart.analyzer_sft_episodes=6", "warmstart.analyzer_sft_replay=4",
+    )
+    env = warmstart.env_config(config, "sokoban_visual")
+    examples = warmstart.analyzer_sft_examples(config, [env], None)
+    prompts = [e.context[-1]["content"] for e in examples]
+    pairs = [p for p in prompts if isinstance(p, str) and p.startswith("You are reviewing")]
+    assert prompts[: len(pairs)] == pairs and len(pairs) == 12  # 6 episodes on default rooms, 6 on rooms of 3+
+    first_sft = warmstart.analyzer_examples(config, env, 6, None, random.Random(0))
+    assert not {e.context[-1]["content"] for e in first_sft} & set(pairs)
+    long_room_wins = pairs[6:9]  # the solver's half of the rooms of 3+ moves
+    assert all("Outcome: success" in p and "step 3 " in p.split("Actions taken: ")[1] for p in long_room_wins)
+    demonstration_turns, drills = examples[len(pairs) : -4], examples[-4:]  # 2 lookup + 2 copy drills
+    assert demonstration_turns and all("<action>" in e.response for e in demonstration_turns)
+    assert [e.response.startswith("{") for e in drills] == [False, True, False, True]
+
+
 def test_terse_response_keeps_the_last_sentence_and_the_action():
     long = "<think>The box is 1 up from me and its target is 1 left. I push the box at step 3</think><action>up</action>"
     assert demonstrations.terse_response(long) == "<think>I push the box at step 3</think><action>up</action>"

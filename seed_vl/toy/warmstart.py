@@ -14,7 +14,11 @@ tiny model a short, documented substitute, one shuffled SFT over every `warmstar
     `lookup_drills`: `seed_vl.toy.lookup_pretraining`), the in-context retrieval that following a route needs;
   * optionally, perception pretraining after the lookup and drills within the SFT (`perception_steps`,
     `perception_skill_turns`, `perception_drills`, `skill_drills`: `seed_vl.toy.perception_pretraining`),
-    the sight that acting on a frame needs and the reading of a skill in the policy's own prompt.
+    the sight that acting on a frame needs and the reading of a skill in the policy's own prompt;
+  * optionally, a second SFT after it, stage 1's analyzer SFT with the decoder's attention trained
+    (`analyzer_sft_episodes`): the first SFT freezes attention to keep the lookup, and its analyzer then
+    quotes routes of one or two moves only; the second, on unseen episodes and Sokoban rooms of 3+ moves
+    beside replays of the first's data, teaches the copy of longer ones.
 
 It stops early on purpose (few demonstrations, few epochs): the base policy should solve a minority of
 held-out episodes and leave room for RL. `warmstart.json` records the settings, the SFT loss curve, the
@@ -71,6 +75,8 @@ from seed_vl.tracking import Phase
 SUMMARY_FILE, MODEL_DIR = "warmstart.json", "model"
 # Seed streams of the warm start's own draws (demonstration phrasing, random-action episodes).
 _DEMO_STREAM, _ANALYZER_STREAM, _LOOKUP_STREAM, _PERCEPTION_STREAM, _SKILL_STREAM = 0x3A12, 0x3A13, 0x3A14, 0x3A15, 0x3A16
+_STAGE1_STREAM = 0x3A17
+_STAGE1_SEED_OFFSET = 100_000  # the analyzer SFT's episodes: beyond the first SFT's, far below evaluation seeds
 
 
 def run_warmstart(config: Config) -> Path:
@@ -96,18 +102,11 @@ def run_warmstart(config: Config) -> Path:
     result = train_sft(
         policy,
         demonstrations + analysis,
-        SFTSettings(
-            epochs=ws.epochs,
-            lr=ws.lr,
-            batch_size=ws.batch_size,
-            micro_batch_size=config.train.micro_batch_size,
-            max_length=config.sft.max_length,
-            max_grad_norm=config.train.max_grad_norm,
-            seed=ws.seed,
-        ),
+        _sft_settings(config, epochs=ws.epochs, lr=ws.lr),
         log=lambda step, metrics: losses.append(metrics["sft/loss"]),
         show_progress=config.logging.progress,
     )
+    stage1 = analyzer_sft(policy, config, envs) if ws.analyzer_sft_episodes else None
     summary = {
         "key": key,
         "note": "the tiny model's warm start: a stand-in for pretraining, not part of SEED",
@@ -118,6 +117,7 @@ def run_warmstart(config: Config) -> Path:
             "skipped_too_long": result.skipped_too_long,
         },
         "sft": {"steps": result.steps, "loss_curve": loss_curve(losses)},
+        **({"analyzer_sft": stage1} if stage1 else {}),
         "base": {env.name: measure_base_policy(policy, config, env) for env in envs},
         "wall_time_s": round(time.perf_counter() - start, 1),
         "torch_threads": torch.get_num_threads(),  # the weights depend on it: another count, other bytes
@@ -168,12 +168,73 @@ def warmstart_examples(
     return demonstrations, analysis
 
 
-def freeze_decoder_attention(model: torch.nn.Module) -> None:
-    """Exclude the language model's attention weights from training: the SFT then builds on the retrieval
-    that lookup pretraining put there instead of overwriting it (the MLPs, embeddings and tower still learn)."""
+def analyzer_sft(policy: Policy, config: Config, envs: list[EnvConfig]) -> dict[str, Any]:
+    """Stage 1's analyzer SFT on the warm-started policy, its decoder attention trained: one epoch over
+    `analyzer_sft_examples`. Returns its example count, steps and loss curve for `warmstart.json`."""
+    freeze_decoder_attention(policy.model, frozen=False)
+    examples = analyzer_sft_examples(config, envs, policy.image_settings)
+    losses: list[float] = []
+    result = train_sft(
+        policy,
+        examples,
+        _sft_settings(config, epochs=1, lr=config.warmstart.analyzer_sft_lr),
+        log=lambda step, metrics: losses.append(metrics["sft/loss"]),
+        show_progress=config.logging.progress,
+    )
+    return {"examples": len(examples), "steps": result.steps, "loss_curve": loss_curve(losses)}
+
+
+def _sft_settings(config: Config, *, epochs: int, lr: float) -> SFTSettings:
+    return SFTSettings(
+        epochs=epochs,
+        lr=lr,
+        batch_size=config.warmstart.batch_size,
+        micro_batch_size=config.train.micro_batch_size,
+        max_length=config.sft.max_length,
+        max_grad_norm=config.train.max_grad_norm,
+        seed=config.warmstart.seed,
+    )
+
+
+def analyzer_sft_examples(config: Config, envs: list[EnvConfig], images: ImageSettings | None) -> list[SFTExample]:
+    """The stage-1 analyzer SFT's examples (`warmstart.analyzer_sft_episodes`): analyzer pairs of episodes
+    beyond the first SFT's seeds, on every environment and on Sokoban rooms of 3+ moves (whose winning
+    routes the short default rooms rarely show), with replays of the first SFT's drills and demonstrations."""
+    ws, replay = config.warmstart, config.warmstart.analyzer_sft_replay
+    streams = (random.Random(derive_seed(_STAGE1_STREAM, ws.seed, k)) for k in itertools.count())
+    fresh = [env.model_copy(update={"train_seed_start": env.train_seed_start + _STAGE1_SEED_OFFSET}) for env in envs]
+    fresh += [env.model_copy(update={"min_solution_moves": 3}) for env in fresh if env.name.startswith("sokoban")]
+    examples = []
+    for env in fresh:
+        examples += analyzer_examples(config, env, ws.analyzer_sft_episodes, images, next(streams))
+    for env in envs:
+        turns = demonstration_examples(
+            env, min(replay // 2, ws.demonstrations_for(env.name)), seed=env.train_seed_start,
+            history_window=config.rollout.history_window, image_settings=images,
+            skill_fraction=ws.demo_skill_fraction, rng=next(streams),
+        )
+        examples += [replace(t, context=terse_answers(t.context), response=terse_response(t.response)) for t in turns]
+    drills = next(streams)
+    if ws.lookup_drills:
+        examples += [(copy_drill if k % 2 else lookup_drill)(drills) for k in range(replay)]
+    sokoban = env_config(config, "sokoban_visual")
+    if ws.perception_drills:
+        examples += final_push_turns(sokoban, replay, seed=sokoban.train_seed_start, image_settings=images, rng=drills)
+    if ws.skill_drills:
+        examples += skill_turns(
+            sokoban, replay, seed=sokoban.train_seed_start, history_window=config.rollout.history_window,
+            image_settings=images, rng=drills,
+        )
+    return examples
+
+
+def freeze_decoder_attention(model: torch.nn.Module, frozen: bool = True) -> None:
+    """Exclude the language model's attention weights from training (`frozen=False`: include them again):
+    the SFT then builds on the retrieval that lookup pretraining put there instead of overwriting it (the
+    MLPs, embeddings and tower still learn)."""
     for name, param in model.named_parameters():
         if ".self_attn." in name and "visual" not in name:
-            param.requires_grad_(False)
+            param.requires_grad_(not frozen)
 
 
 def loss_curve(losses: list[float], points: int = 10) -> list[float]:
