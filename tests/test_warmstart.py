@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -209,7 +210,7 @@ def test_the_analyzer_sft_trains_the_attention_the_first_sft_froze(tmp_path):
     attention = [n for n in base if ".self_attn." in n and "visual" not in n]
     assert attention and all(not torch.equal(base[n], trained[n]) for n in attention)
     stage1 = json.loads((model_dir.parent / "warmstart.json").read_text())["analyzer_sft"]
-    assert stage1["steps"] == -(-stage1["examples"] // config.warmstart.batch_size) and stage1["loss_curve"]
+    assert stage1["steps"] == math.ceil(stage1["examples"] / config.warmstart.batch_size) and stage1["loss_curve"]
 
 
 def test_analyzer_sft_pairs_are_unseen_episodes_with_long_rooms_beside_replays(tmp_path):
