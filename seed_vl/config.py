@@ -237,10 +237,12 @@ class WarmstartConfig(Section):
     # analyzer prompt needs it; the first SFT keeps it frozen for the lookup): analyzer pairs of this many
     # unseen episodes per environment, and as many on Sokoban rooms of 3+ moves; 0 = none. Beside them,
     # `analyzer_sft_replay` examples of each drill kind the first SFT had and up to half as many of its
-    # demonstration episodes, so that acting and reading are kept.
+    # demonstration episodes, so that acting and reading are kept. `analyzer_sft_attention_layers`: the
+    # decoder layers whose attention it trains (None: all); the others keep the lookup skills are read with.
     analyzer_sft_episodes: int = Field(0, ge=0)
     analyzer_sft_replay: int = Field(600, ge=0)
     analyzer_sft_lr: float = Field(1e-3, gt=0.0)
+    analyzer_sft_attention_layers: list[int] | None = None
     out_dir: str = ".cache/warmstart-vl"  # model/ and warmstart.json; reused while the settings match
     envs: list[str] = ["sokoban_visual", "ezpoints_visual"]  # all visual (VL model) or all text
     seed: int = 0  # demonstrations, shuffling, evaluation sampling

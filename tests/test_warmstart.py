@@ -200,17 +200,30 @@ def test_frozen_attention_leaves_the_decoders_attention_untouched(tmp_path):
     assert all(not torch.equal(base[n], trained[n]) for n in mlp)
 
 
-def test_the_analyzer_sft_trains_the_attention_the_first_sft_froze(tmp_path):
+@pytest.mark.parametrize("layers", [None, [1]])
+def test_the_analyzer_sft_trains_the_attention_the_first_sft_froze(tmp_path, layers):
     config = tiny_budget(
         tmp_path, "warmstart.freeze_attention=true", "warmstart.envs=[sokoban_visual]",
         "warmstart.analyzer_sft_episodes=2", "warmstart.analyzer_sft_replay=2",
+        f"warmstart.analyzer_sft_attention_layers={json.dumps(layers)}",
     )
     model_dir = warmstart.run_warmstart(config)
     trained, base = load_file(model_dir / "model.safetensors"), load_file(tmp_path / "tiny-vl" / "model.safetensors")
     attention = [n for n in base if ".self_attn." in n and "visual" not in n]
-    assert attention and all(not torch.equal(base[n], trained[n]) for n in attention)
+    chosen = [n for n in attention if layers is None or ".layers.1.self_attn." in n]
+    assert chosen and all(not torch.equal(base[n], trained[n]) for n in chosen)
+    assert all(torch.equal(base[n], trained[n]) for n in attention if n not in chosen)
     stage1 = json.loads((model_dir.parent / "warmstart.json").read_text())["analyzer_sft"]
     assert stage1["steps"] == math.ceil(stage1["examples"] / config.warmstart.batch_size) and stage1["loss_curve"]
+
+
+def test_an_analyzer_sft_layer_the_model_lacks_is_a_one_line_error_before_any_training(tmp_path):
+    config = tiny_budget(
+        tmp_path, "warmstart.analyzer_sft_episodes=2", "warmstart.analyzer_sft_attention_layers=[0, 9]"
+    )
+    with pytest.raises(ConfigError, match=r"^warmstart.analyzer_sft_attention_layers: no decoder layer 9 \("):
+        warmstart.run_warmstart(config)
+    assert not (tmp_path / "warmstart").exists()
 
 
 def test_analyzer_sft_pairs_are_unseen_episodes_with_long_rooms_beside_replays(tmp_path):

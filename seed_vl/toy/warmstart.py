@@ -35,9 +35,11 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,7 @@ import seed_vl
 import seed_vl.envs
 import seed_vl.processors
 from seed_vl.analyzer import build_analyzer_prompt, format_analysis, make_analyzer
-from seed_vl.config import Config, EnvConfig, WarmstartConfig
+from seed_vl.config import Config, ConfigError, EnvConfig, WarmstartConfig
 from seed_vl.envs.group import EnvGroup
 from seed_vl.evaluation import EVAL_STEP, episode_stats
 from seed_vl.io import atomic_directory, atomic_write_text, content_digest, model_digest
@@ -94,6 +96,11 @@ def run_warmstart(config: Config) -> Path:
     start = time.perf_counter()
     model = config.model.model_copy(update={"freeze_vision_tower": not ws.train_vision_tower})
     policy = Policy.from_config(model, path=base, seed=ws.seed)
+    layers = decoder_layers(policy.model)
+    if missing := sorted(set(ws.analyzer_sft_attention_layers or ()) - layers):
+        raise ConfigError(
+            f"warmstart.analyzer_sft_attention_layers: no decoder layer {missing[0]} (the model has {len(layers)})"
+        )
     if ws.freeze_attention:
         freeze_decoder_attention(policy.model)
     envs = [env_config(config, name) for name in ws.envs]
@@ -169,9 +176,10 @@ def warmstart_examples(
 
 
 def analyzer_sft(policy: Policy, config: Config, envs: list[EnvConfig]) -> dict[str, Any]:
-    """Stage 1's analyzer SFT on the warm-started policy, its decoder attention trained: one epoch over
+    """Stage 1's analyzer SFT on the warm-started policy, its decoder attention trained (in the layers
+    `warmstart.analyzer_sft_attention_layers` names, all by default): one epoch over
     `analyzer_sft_examples`. Returns its example count, steps and loss curve for `warmstart.json`."""
-    freeze_decoder_attention(policy.model, frozen=False)
+    freeze_decoder_attention(policy.model, frozen=False, layers=config.warmstart.analyzer_sft_attention_layers)
     examples = analyzer_sft_examples(config, envs, policy.image_settings)
     losses: list[float] = []
     result = train_sft(
@@ -228,13 +236,26 @@ def analyzer_sft_examples(config: Config, envs: list[EnvConfig], images: ImageSe
     return examples
 
 
-def freeze_decoder_attention(model: torch.nn.Module, frozen: bool = True) -> None:
-    """Exclude the language model's attention weights from training (`frozen=False`: include them again):
-    the SFT then builds on the retrieval that lookup pretraining put there instead of overwriting it (the
-    MLPs, embeddings and tower still learn)."""
+def freeze_decoder_attention(model: torch.nn.Module, frozen: bool = True, layers: Iterable[int] | None = None) -> None:
+    """Exclude the language model's attention weights from training (`frozen=False`: include them again;
+    `layers`: only those decoder layers'): the SFT then builds on the retrieval that lookup pretraining put
+    there instead of overwriting it (the MLPs, embeddings and tower still learn)."""
+    chosen = None if layers is None else set(layers)
     for name, param in model.named_parameters():
-        if ".self_attn." in name and "visual" not in name:
+        layer = _decoder_attention_layer(name)
+        if layer is not None and (chosen is None or layer in chosen):
             param.requires_grad_(not frozen)
+
+
+def decoder_layers(model: torch.nn.Module) -> set[int]:
+    """The indices of the language model's decoder layers."""
+    return {layer for name, _ in model.named_parameters() if (layer := _decoder_attention_layer(name)) is not None}
+
+
+def _decoder_attention_layer(name: str) -> int | None:
+    """The decoder layer a parameter name belongs to when it is the language model's attention, else None."""
+    match = re.search(r"\.layers\.(\d+)\.self_attn\.", name)
+    return int(match.group(1)) if match and "visual" not in name else None
 
 
 def loss_curve(losses: list[float], points: int = 10) -> list[float]:
