@@ -20,7 +20,7 @@ from pathlib import Path
 from seed_vl.config import ConfigError, load_config
 from seed_vl.envs.registry import make_env
 from seed_vl.envs.sokoban import SokobanEnv, is_deadlocked, solve
-from seed_vl.report import read_trajectories, trajectory_steps
+from seed_vl.report import step_window_arguments, window_records
 
 
 def _sokoban_env(run_dir: Path) -> SokobanEnv:
@@ -28,12 +28,6 @@ def _sokoban_env(run_dir: Path) -> SokobanEnv:
     if not isinstance(env, SokobanEnv):
         raise ConfigError(f"{run_dir}: not a Sokoban run ({env.name})")
     return env
-
-
-def _records(run_dir: Path, steps: slice) -> tuple[int, list[dict]]:
-    """(number of update steps, their trajectory records) for the update steps in `steps`."""
-    step_dirs = [step_dir for _, step_dir in sorted(trajectory_steps(run_dir).items())][steps]
-    return len(step_dirs), [r for d in step_dirs for r in read_trajectories(d / "trajectories.jsonl")]
 
 
 def lost_episode_stats(env: SokobanEnv, records: list[dict]) -> dict[str, float]:
@@ -80,20 +74,13 @@ def success_by_solution_length(env: SokobanEnv, records: list[dict]) -> dict[int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[step_window_arguments()])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="Sokoban run directories written by `seed-vl train`")
-    window = parser.add_mutually_exclusive_group()
-    window.add_argument("--steps", type=int, default=None, help="only the first N update steps")
-    window.add_argument("--last", type=int, default=None, help="only the last N update steps")
     args = parser.parse_args(argv)
-    for flag in ("steps", "last"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            parser.error(f"--{flag} must be at least 1 (got {getattr(args, flag)})")
-    steps = slice(-args.last, None) if args.last else slice(args.steps)
     try:
         for run_dir in args.run_dirs:
             env = _sokoban_env(run_dir)
-            num_steps, records = _records(run_dir, steps)
+            num_steps, records = window_records(run_dir, args)
             stats = {"update steps": num_steps, **lost_episode_stats(env, records)}
             print(f"{run_dir}: " + ", ".join(f"{k} {v:.3g}" for k, v in stats.items()))
             by_length = success_by_solution_length(env, records)

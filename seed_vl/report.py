@@ -9,6 +9,7 @@ all model text is escaped: it is arbitrary.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import html
 import io
@@ -54,6 +55,29 @@ def trajectory_steps(run_dir: str | Path) -> dict[int, Path]:
             f"{root} holds no step_*/trajectories.jsonl (the trainer writes one per update step)"
         )
     return dict(sorted(found.items()))
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def step_window_arguments() -> argparse.ArgumentParser:
+    """An argparse parent for scripts over a run's saved steps: `--steps N` (the first N) or `--last N`."""
+    parent = argparse.ArgumentParser(add_help=False)
+    window = parent.add_mutually_exclusive_group()
+    window.add_argument("--steps", type=_at_least_one, default=None, help="only the first N update steps")
+    window.add_argument("--last", type=_at_least_one, default=None, help="only the last N update steps")
+    return parent
+
+
+def window_records(run_dir: str | Path, args: argparse.Namespace) -> tuple[int, list[dict[str, Any]]]:
+    """(number of update steps, their trajectory records) in the window `step_window_arguments` parsed."""
+    window = slice(-args.last, None) if args.last else slice(args.steps)
+    step_dirs = list(trajectory_steps(run_dir).values())[window]
+    return len(step_dirs), [r for d in step_dirs for r in read_trajectories(d / "trajectories.jsonl")]
 
 
 def read_trajectories(path: str | Path) -> list[dict[str, Any]]:
@@ -377,6 +401,14 @@ def gate_statistics(run_dir: str | Path, beta: float) -> dict[str, dict[str, flo
         for name, gates in groups.items()
         if gates
     }
+
+
+def move_gates(turn: dict[str, Any]) -> list[float]:
+    """The gates of a turn's move tokens (none where the turn was scored without a skill)."""
+    if turn.get("gates") is None:
+        return []
+    return [gate for is_move, gate in zip(move_token_mask(_response_tokens(turn)), turn["gates"], strict=True)
+            if is_move]
 
 
 def move_token_mask(tokens: list[str]) -> list[bool]:

@@ -1,0 +1,55 @@
+"""scripts/first_moves.py on a hand-built run: first moves counted per window, with their gates by outcome."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENS = ["<think>", "go", "</think>", "<action>", "MOVE", "</action>"]
+
+
+def _record(won: bool, first: str | None, gate: float | None) -> dict:
+    tokens = [t.replace("MOVE", first or "?") for t in TOKENS]
+    turn = {"response_text": "".join(tokens), "response_ids": list(range(len(tokens))), "response_tokens": tokens,
+            "action": first, "action_valid": first is not None, "reward": 0.0,
+            "gates": None if gate is None else [0.5, 0.5, 0.5, 0.5, gate, 0.5]}
+    return {"seed": 0, "group_id": 0, "won": won, "episode_return": 0.0, "turns": [turn, dict(turn, gates=None)]}
+
+
+def _write_step(run: Path, step: int, records: list[dict]) -> None:
+    step_dir = run / "trajectories" / f"step_{step:06d}"
+    step_dir.mkdir(parents=True)
+    (step_dir / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "first_moves.py"), *args],
+                          capture_output=True, text=True)
+
+
+def test_counts_first_moves_and_their_gates_by_outcome_in_each_window(tmp_path):
+    _write_step(tmp_path, 1, [_record(True, "5", 0.9), _record(False, "2", 0.1), _record(False, None, None)])
+    _write_step(tmp_path, 2, [_record(True, "2", 0.2), _record(False, "2", 0.4), _record(True, "2", None)])
+
+    first = _run(str(tmp_path), "--steps", "1").stdout
+    assert "update steps 1, episodes 3, first moves: '5' 1 (won 1), '2' 1 (won 0), '(none)' 1 (won 0)" in first
+    assert "first move's gate, won: mean 0.900, open 1.000 (1 tokens)" in first
+    assert "first move's gate, lost: mean 0.100, open 0.000 (1 tokens)" in first  # the unparsed move has no gate
+
+    last = _run(str(tmp_path), "--last", "1").stdout
+    assert "update steps 1, episodes 3, first moves: '2' 3 (won 2)" in last
+    assert "first move's gate, won: mean 0.200, open 0.000 (1 tokens)" in last  # only turn 1, only move tokens
+    assert "first move's gate, lost: mean 0.400, open 0.000 (1 tokens)" in last
+
+    both = _run(str(tmp_path), "--top", "1").stdout
+    assert "update steps 2, episodes 6, first moves: '2' 4 (won 2)\n" in both
+
+
+def test_a_directory_without_trajectories_or_an_empty_window_is_an_error(tmp_path):
+    result = _run(str(tmp_path))
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0 and "trajectories" in result.stderr
+    result = _run(str(tmp_path), "--last", "0")
+    assert result.returncode == 2 and "argument --last: must be at least 1 (got 0)" in result.stderr
