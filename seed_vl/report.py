@@ -57,7 +57,7 @@ def trajectory_steps(run_dir: str | Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def _at_least_one(text: str) -> int:
+def _step_count(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
@@ -68,8 +68,8 @@ def step_window_arguments() -> argparse.ArgumentParser:
     """An argparse parent for scripts over a run's saved steps: `--steps N` (the first N) or `--last N`."""
     parent = argparse.ArgumentParser(add_help=False)
     window = parent.add_mutually_exclusive_group()
-    window.add_argument("--steps", type=_at_least_one, default=None, help="only the first N update steps")
-    window.add_argument("--last", type=_at_least_one, default=None, help="only the last N update steps")
+    window.add_argument("--steps", type=_step_count, default=None, help="only the first N update steps")
+    window.add_argument("--last", type=_step_count, default=None, help="only the last N update steps")
     return parent
 
 
