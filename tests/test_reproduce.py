@@ -66,6 +66,7 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     base = json.loads((tmp_path / "records" / "base.json").read_text())
     assert base["settings"]["warmstart"]["lookup_drills"] == 3
     assert base["torch_threads"] == torch.get_num_threads()  # built here, in the parent process
+    assert base["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert "lookup_drills: 2" in (tmp_path / "runs" / "sokoban-grpo-seed0" / "config.yaml").read_text()
     records = sorted(p.name for p in (tmp_path / "records").iterdir())
     assert records == sorted(["base.json", *(f"{t}-{m}-seed{s}.json" for t in ("sokoban", "ezpoints")

@@ -67,6 +67,9 @@ BUDGET_SETTINGS = {"train.steps", "train.env_step_budget"}  # raised, they conti
 WALL_TIME_FILE = "wall_time.json"  # in each run directory: its training seconds, summed over sessions
 BASE_RECORD = "base.json"  # in `records_dir`: the shared base's digest, warm-start settings, measures, wall time
 BUILT_WITH = ("torch", "transformers", "numpy", "pillow")  # library versions recorded with the base
+# What `base.json` keeps of the warm start's summary: its settings, measures, wall time and what else
+# may decide its bytes (torch's thread count; the CPU instruction set torch's kernels use).
+BASE_SUMMARY_KEYS = ("note", "settings", "examples", "base", "wall_time_s", "torch_threads", "cpu_capability")
 # Diagnostics the results tabulate (mean over training steps); a run record keeps these, the evaluations and
 # the training success and return, not the run's every metric.
 DIAGNOSTICS = ["train/success_rate", "rollout/equal_return_groups", "analyzer/success_rate", "analyzer/skill_words",
@@ -293,7 +296,7 @@ def _record_base(warmstart_dir: Path, records_dir: Path) -> str:
                 "records away (or set records_dir) to start over"
             )
     summary = _read_json(warmstart_dir / SUMMARY_FILE)
-    kept = {key: summary[key] for key in ("note", "settings", "examples", "base", "wall_time_s", "torch_threads") if key in summary}
+    kept = {key: summary[key] for key in BASE_SUMMARY_KEYS if key in summary}
     versions = {name: metadata.version(name) for name in BUILT_WITH}  # what else decides the bytes
     record = {"digest": digest, "built_with": versions, **kept}
     atomic_write_text(records_dir / BASE_RECORD, json.dumps(record, indent=1) + "\n")
