@@ -128,7 +128,7 @@ def run_warmstart(config: Config) -> Path:
         "base": {env.name: measure_base_policy(policy, config, env) for env in envs},
         "wall_time_s": round(time.perf_counter() - start, 1),
         "torch_threads": torch.get_num_threads(),  # the weights depend on it: another count, other bytes
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels' instruction set, which may decide them too
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels' instruction set: may, too
     }
     with atomic_directory(out_dir) as tmp:
         policy.save_pretrained(tmp / MODEL_DIR)
