@@ -163,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if "torch" in sys.modules:  # only a command that imported torch can have joined a process group
+            from seed_vl.distributed import leave_process_group
+
+            leave_process_group()
     return 0
 
 

@@ -250,6 +250,13 @@ class Runtime:
         )
 
 
+def leave_process_group() -> None:
+    """Destroy the process group before the interpreter exits: gloo's threads outliving it can abort a
+    finished process at exit ('terminate called without an active exception', pytorch/pytorch#190489)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def _fully_shard(policy: Policy) -> None:
     """FSDP2 over the policy's model: one unit per `_no_split_modules` layer (decoder layers; vision blocks
     of a trainable tower), the rest in the root; parameters all-gathered in the compute dtype, gradients reduced in

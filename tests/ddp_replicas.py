@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from seed_vl.distributed import Runtime
+from seed_vl.distributed import Runtime, leave_process_group
 from seed_vl.policy import Policy
 
 runtime = Runtime(cpu=True)
@@ -25,3 +25,4 @@ except RuntimeError as error:
     print(f"caught on process {runtime.process_index}")
 else:
     raise SystemExit("a drifted copy went unnoticed")
+leave_process_group()

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from seed_vl.distributed import Runtime
+from seed_vl.distributed import Runtime, leave_process_group
 from seed_vl.policy import Policy
 
 runtime = Runtime(cpu=True)
@@ -28,3 +28,4 @@ check(list(policy.checkpoint_weights()))
 with runtime.full_weights():
     check(list(policy.checkpoint_weights()))
 print(f"full weights pushed on process {runtime.process_index}")
+leave_process_group()

@@ -136,6 +136,14 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     reproduce(None, args)
     assert "the code has changed since" in capsys.readouterr().err
     assert (tmp_path / "runs" / "warmstart" / "warmstart.json").stat().st_mtime == built
+    # So do finished records alone (a fresh clone): their base, copied in or rebuilt bit for bit, is kept.
+    (tmp_path / "runs").rename(tmp_path / "elsewhere")
+    shutil.copytree(tmp_path / "elsewhere" / "warmstart", tmp_path / "runs" / "warmstart")
+    reproduce(None, args)
+    assert "the code has changed since" in capsys.readouterr().err
+    assert (tmp_path / "runs" / "warmstart" / "warmstart.json").stat().st_mtime == built
+    shutil.rmtree(tmp_path / "runs")
+    (tmp_path / "elsewhere").rename(tmp_path / "runs")
 
     # Another setting starts a started run over (never continued under settings it did not start with); a
     # raised budget continues it.
@@ -291,6 +299,10 @@ def test_a_run_stopped_by_ctrl_c_or_kill_still_records_its_wall_time(tmp_path, m
     monkeypatch.setattr(reproduce_module, "train", stopped)
     monkeypatch.setitem(cli.COMMANDS, "reproduce", ("", lambda _: reproduce_module._train_to_the_end(config, "r")))
     handler = signal.getsignal(signal.SIGTERM)
-    assert cli.main(["reproduce"]) == status
+    interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job ignores SIGINT
+    try:
+        assert cli.main(["reproduce"]) == status
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
     assert json.loads((tmp_path / "r" / "wall_time.json").read_text())["seconds"] > 0
     assert signal.getsignal(signal.SIGTERM) is handler  # restored for whoever called main()

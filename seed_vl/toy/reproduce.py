@@ -177,8 +177,10 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
     runs = {(task, method, seed): run_config(cfg, task, method, seed, base_model)
             for task, method, seed in planned_runs(cfg)}
     if not report_only:
-        started = [c for c in runs.values() if list_checkpoints(run_dir_for(c) / "checkpoints")]
-        if not started or cached_key(warmstart_dir) == warmstart_key(first):
+        # The base that started runs or finished records share is kept across code changes.
+        in_use = (any(list_checkpoints(run_dir_for(c) / "checkpoints") for c in runs.values())
+                  or _is_recorded_base(warmstart_dir, records_dir))
+        if not in_use or cached_key(warmstart_dir) == warmstart_key(first):
             run_warmstart(first)
         elif not same_warmstart_settings(_read_json(warmstart_dir / SUMMARY_FILE).get("settings"), first):
             raise ConfigError(
@@ -278,6 +280,14 @@ def _worker(queue: Any, records_dir: Path, base: str, threads: int) -> None:
             _train_and_record(run, records_dir, base)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _is_recorded_base(warmstart_dir: Path, records_dir: Path) -> bool:
+    """Whether the warm start in `warmstart_dir` is the base `records_dir`'s finished runs started from (the
+    same bytes: built here earlier, rebuilt bit for bit, or copied in)."""
+    recorded = _read_json(records_dir / BASE_RECORD).get("digest")
+    return recorded is not None and cached_key(warmstart_dir) is not None and (
+        model_digest(warmstart_dir / MODEL_DIR) == recorded)
 
 
 def _record_base(warmstart_dir: Path, records_dir: Path) -> str:
