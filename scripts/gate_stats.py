@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Print the OPD gates of SEED/SDAR runs as a markdown table: move tokens (inside <action>) vs the rest, and
-the move tokens of won vs lost episodes, with the teacher-student log-prob gap the gates imply.
+"""Print the OPD gates of SEED/SDAR runs as a markdown table: move tokens (inside <action>) vs the rest, the
+move tokens of won vs lost episodes, and every token by the probability the sampler gave it, with the
+teacher-student log-prob gap the gates imply.
 
 python scripts/gate_stats.py RUN_DIR [RUN_DIR ...]
 """

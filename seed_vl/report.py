@@ -375,11 +375,19 @@ def write_report(
 ACTION_SPAN = re.compile(r"<action>(.*?)</action>", re.DOTALL)
 
 
+SAMPLED_P_BINS = (("sampled p >= 0.99", 0.99), ("sampled p 0.9-0.99", 0.9), ("sampled p 0.5-0.9", 0.5),
+                  ("sampled p 0.1-0.5", 0.1), ("sampled p < 0.1", 0.0))  # (name, lower bound), highest first
+
+
 def gate_statistics(run_dir: str | Path, beta: float) -> dict[str, dict[str, float]]:
     """Gates of every saved step of a run, split into the move tokens (inside `<action>...</action>`) and the
-    rest, the move tokens also by episode outcome: count, mean gate, share open (> 0.5) and the mean
-    teacher-student log-prob gap `logit(g) / beta` (nats). Where the skill changes nothing, gates sit at 0.5."""
+    rest, the move tokens also by episode outcome, and every token by the probability the sampler gave it
+    (`SAMPLED_P_BINS`; at rollout temperature 1 the student's own): count, mean gate, share open (> 0.5) and
+    the mean teacher-student log-prob gap `logit(g) / beta` (nats). Where the skill changes nothing, gates
+    sit at 0.5. Sampled tokens have a zero mean likelihood gradient, so gates that favour the unlikely ones
+    move the gated term toward them: it raises entropy."""
     groups: dict[str, list[float]] = {"move": [], "other": [], "move, won": [], "move, lost": []}
+    groups |= {name: [] for name, _ in SAMPLED_P_BINS}
     for step_dir in trajectory_steps(run_dir).values():
         for record in read_trajectories(step_dir / "trajectories.jsonl"):
             outcome = "won" if record["won"] else "lost"
@@ -390,6 +398,9 @@ def gate_statistics(run_dir: str | Path, beta: float) -> dict[str, dict[str, flo
                     groups["move" if is_move else "other"].append(gate)
                     if is_move:
                         groups[f"move, {outcome}"].append(gate)
+                if turn.get("rollout_logprobs"):  # where the sampler returned its log-probs
+                    for logprob, gate in zip(turn["rollout_logprobs"], turn["gates"], strict=True):
+                        groups[next(name for name, low in SAMPLED_P_BINS if math.exp(logprob) >= low)].append(gate)
     eps = 1e-6
     return {
         name: {

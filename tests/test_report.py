@@ -22,6 +22,7 @@ from seed_vl.envs.sokoban import solve
 from seed_vl.processors.messages import HistoryTurn, build_messages
 from seed_vl.processors.parsing import parse_action
 from seed_vl.report import (
+    SAMPLED_P_BINS,
     gate_statistics,
     move_token_mask,
     read_trajectories,
@@ -69,6 +70,7 @@ def play(
                 observation_text=obs["text"],
                 images=list(obs["images"]),
                 gates=rng.random(len(ids)).tolist() if gated else None,
+                rollout_logprobs=np.log(rng.random(len(ids))).tolist(),
             )
         )
         history.append(HistoryTurn(obs, text, action, info["action_valid"], reward))
@@ -295,12 +297,13 @@ def test_gate_statistics_split_move_tokens_from_the_rest(visual_run):
     beta = 5.0
     stats = gate_statistics(run_dir, beta=beta)
 
-    move, other = [], []
+    move, other, unlikely = [], [], []
     for step_dir in trajectory_steps(run_dir).values():
         for record in read_trajectories(step_dir / "trajectories.jsonl"):
             for turn in record["turns"]:
                 if turn["gates"] is None:
                     continue
+                unlikely += [g for g, lp in zip(turn["gates"], turn["rollout_logprobs"], strict=True) if lp < np.log(0.1)]
                 mask = move_token_mask(turn["response_tokens"])
                 moved = "".join(t for t, m in zip(turn["response_tokens"], mask, strict=True) if m)
                 if turn["action"] is not None:  # a parsed action: the move tokens spell it, and little more
@@ -313,6 +316,9 @@ def test_gate_statistics_split_move_tokens_from_the_rest(visual_run):
     assert stats["move, won"]["tokens"] + stats["move, lost"]["tokens"] == len(move)
     assert stats["move"]["gate_mean"] == pytest.approx(np.mean(move))
     assert stats["other"]["open_frac"] == pytest.approx(np.mean(np.array(other) > 0.5))
+    # every gated token once more, by the probability the sampler gave it
+    assert sum(stats[name]["tokens"] for name, _ in SAMPLED_P_BINS) == len(gated)
+    assert stats["sampled p < 0.1"]["gate_mean"] == pytest.approx(np.mean(unlikely))
     assert stats["move"]["gap_nats"] == pytest.approx(np.mean(np.log(np.array(move) / (1 - np.array(move)))) / beta, rel=1e-3)
 
 
