@@ -385,7 +385,7 @@ def gate_statistics(run_dir: str | Path, beta: float) -> dict[str, dict[str, flo
     (`SAMPLED_P_BINS`; at rollout temperature 1 the student's own): count, mean gate, share open (> 0.5) and
     the mean teacher-student log-prob gap `logit(g) / beta` (nats). Where the skill changes nothing, gates
     sit at 0.5. Sampled tokens have a zero mean likelihood gradient, so gates that favour the unlikely ones
-    move the gated term toward them: it raises entropy."""
+    move probability toward them: entropy rises."""
     groups: dict[str, list[float]] = {"move": [], "other": [], "move, won": [], "move, lost": []}
     groups |= {name: [] for name, _ in SAMPLED_P_BINS}
     for step_dir in trajectory_steps(run_dir).values():
@@ -400,7 +400,8 @@ def gate_statistics(run_dir: str | Path, beta: float) -> dict[str, dict[str, flo
                         groups[f"move, {outcome}"].append(gate)
                 if turn.get("rollout_logprobs"):  # where the sampler returned its log-probs
                     for logprob, gate in zip(turn["rollout_logprobs"], turn["gates"], strict=True):
-                        groups[next(name for name, low in SAMPLED_P_BINS if math.exp(logprob) >= low)].append(gate)
+                        p = math.exp(logprob)
+                        groups[next(name for name, low in SAMPLED_P_BINS if p >= low)].append(gate)
     eps = 1e-6
     return {
         name: {

@@ -303,7 +303,8 @@ def test_gate_statistics_split_move_tokens_from_the_rest(visual_run):
             for turn in record["turns"]:
                 if turn["gates"] is None:
                     continue
-                unlikely += [g for g, lp in zip(turn["gates"], turn["rollout_logprobs"], strict=True) if lp < np.log(0.1)]
+                sampled = zip(turn["gates"], turn["rollout_logprobs"], strict=True)
+                unlikely += [gate for gate, logprob in sampled if logprob < np.log(0.1)]
                 mask = move_token_mask(turn["response_tokens"])
                 moved = "".join(t for t, m in zip(turn["response_tokens"], mask, strict=True) if m)
                 if turn["action"] is not None:  # a parsed action: the move tokens spell it, and little more
