@@ -188,8 +188,8 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
                 "remove the directory (or set output_dir) to start over, or pass --report-only"
             )
         else:  # a reproduction spans sessions: a code change alone does not discard the base its runs share
-            print(f"[reproduce] the code has changed since {warmstart_dir} was built; its started runs continue "
-                  "from it (remove the directory to rebuild)", file=sys.stderr)
+            print(f"[reproduce] the code has changed since {warmstart_dir} was built; the runs that share it "
+                  "continue from it (remove the directory to rebuild)", file=sys.stderr)
         base = _record_base(warmstart_dir, records_dir)
         pending = []
         for (task, method, seed), run_cfg in runs.items():
