@@ -97,7 +97,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> None:
     from seed_vl.toy.reproduce import reproduce
 
     config = QUICK_REPRODUCE if args.quick and args.config is None else args.config
-    print(f"results written to {reproduce(config, args.overrides, report_only=args.report_only)}")
+    results = reproduce(config, args.overrides, report_only=args.report_only, only=args.only)
+    print(f"results written to {results}")
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -142,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--quick", action="store_true", help=f"the short profile ({QUICK_REPRODUCE})")
             p.add_argument(
                 "--report-only", action="store_true", help="re-render the results from finished runs, no training"
+            )
+            p.add_argument(
+                "--only", action="append", default=[], metavar="RUN",
+                help="train only the runs matching this name or glob (e.g. 'sokoban-seed*-seed0'; repeatable); "
+                "the results still cover every finished run",
             )
     return parser
 

@@ -1,6 +1,7 @@
 """`seed-vl reproduce` on a minimal budget: every run trains, the RESULTS table and figures are written, an
 interrupted run continues from its checkpoint, --report-only renders the same file from the run records alone
-without training, a recorded run is not trained again, and a half-finished reproduction says so."""
+without training, --only trains a subset and reports every run, a recorded run is not trained again, and a
+half-finished reproduction says so."""
 
 from __future__ import annotations
 
@@ -97,7 +98,15 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     finished = json.loads((interrupted / "metrics.jsonl").read_text().splitlines()[-1])
     shutil.rmtree(interrupted / "checkpoints" / "step_000002")
     (tmp_path / "records" / "ezpoints-seed-seed0.json").unlink()
-    reproduce(None, args)
+    # --only trains just the matching runs (here none is pending) and still reports every finished run.
+    interrupted_mtime = (interrupted / "metrics.jsonl").stat().st_mtime
+    reproduce(None, args, only=["sokoban-*"])
+    assert (interrupted / "metrics.jsonl").stat().st_mtime == interrupted_mtime
+    assert not (tmp_path / "records" / "ezpoints-seed-seed0.json").exists()
+    assert len(json.loads(results.with_suffix(".json").read_text())) == 7
+    with pytest.raises(ConfigError, match="--only: 'sokoban-sdar-seed0' matches no planned run"):
+        reproduce(None, args, only=["sokoban-sdar-seed0"])
+    reproduce(None, args, only=["ezpoints-seed-seed?"])
     assert not (tmp_path / "runs" / "sokoban-grpo-seed1").exists()
     assert (tmp_path / "records" / "ezpoints-seed-seed0.json").is_file()
     assert (tmp_path / "runs" / "sokoban-seed-seed1" / "metrics.jsonl").stat().st_mtime == mtime

@@ -167,6 +167,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (("train", "model.path=/nonexistent/model"), "/nonexistent/model"),
         (("eval", "rollout.temperature=hot"), "rollout.temperature"),
         (("train", "--resume", "/nonexistent/run"), "/nonexistent/run"),
+        (("reproduce", "--quick", "--only", "sokoban-sdar-seed0"), "--only: 'sokoban-sdar-seed0'"),
     ],
 )
 def test_bad_cli_input_is_one_line_exit_2(args, named):

@@ -12,6 +12,7 @@ reproduction continued on another machine skips the runs they hold.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import multiprocessing
@@ -21,7 +22,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -131,6 +132,11 @@ class RunResult:
         return statistics.fmean(values) if values else math.nan
 
 
+def run_name(task: str, method: str, seed: int) -> str:
+    """The run's directory and record name, e.g. `sokoban-seed-seed0`."""
+    return f"{task.lower()}-{method}-seed{seed}"
+
+
 def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_model: str) -> Config:
     return load_config(
         cfg.tasks[task],
@@ -140,7 +146,7 @@ def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_mod
             *METHODS[method][1],
             f"train.seed={seed}",
             f"train.output_dir={cfg.output_dir}",
-            f"train.run_name={task.lower()}-{method}-seed{seed}",
+            f"train.run_name={run_name(task, method, seed)}",
         ],
     )
 
@@ -150,9 +156,11 @@ def run_settings(cfg: ReproduceConfig, task: str, method: str, seed: int) -> dic
     return {"recipe": cfg.tasks[task], "overrides": [*cfg.overrides, *METHODS[method][1]], "seed": seed}
 
 
-def reproduce(config_path: str | None, overrides: list[str], *, report_only: bool = False) -> Path:
-    """Train every (task, method, seed) run not finished yet, then write the results; `report_only`: only
-    write them, from the runs already finished."""
+def reproduce(
+    config_path: str | None, overrides: list[str], *, report_only: bool = False, only: Sequence[str] = ()
+) -> Path:
+    """Train every (task, method, seed) run not finished yet, then write the results from every finished run;
+    `report_only`: only write them; `only`: train just the runs whose names match one of these patterns."""
     cfg = load_config(config_path, overrides, schema=ReproduceConfig)
     for task, recipe in cfg.tasks.items():
         if not Path(recipe).is_file():
@@ -161,6 +169,10 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
         for method in methods:
             if method not in METHODS:
                 raise ConfigError(f"{field}: unknown method '{method}' (choose from {', '.join(METHODS)})")
+    names = [run_name(*run) for run in planned_runs(cfg)]
+    for pattern in only:
+        if not fnmatch.filter(names, pattern):
+            raise ConfigError(f"--only: '{pattern}' matches no planned run (they are {', '.join(names)})")
 
     # One warm-started base for every task, method and seed: the first recipe's warm start over every task's
     # environment, kept in the reproduction's own directory so that a demo cannot replace it.
@@ -194,7 +206,8 @@ def reproduce(config_path: str | None, overrides: list[str], *, report_only: boo
         pending = []
         for (task, method, seed), run_cfg in runs.items():
             settings = run_settings(cfg, task, method, seed)
-            if _finished_record(records_dir, run_cfg, settings) is None:  # a record stands for a finished run
+            chosen = not only or any(fnmatch.fnmatch(run_name(task, method, seed), p) for p in only)
+            if chosen and _finished_record(records_dir, run_cfg, settings) is None:  # a record: a finished run
                 pending.append(_PendingRun(run_cfg, settings, task, method, f"{task} / {method} / seed {seed}"))
         if cfg.workers > 1 and len(pending) > 1:
             _train_side_by_side(pending, min(cfg.workers, len(pending)), records_dir, base)
