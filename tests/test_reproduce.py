@@ -240,6 +240,16 @@ def test_single_runs_are_planned_once_on_the_first_task_and_seed(tmp_path):
     assert "| Sokoban | opd-only |" in text and "| EZPoints | opd-only |" not in text  # not planned: no row
 
 
+def test_the_base_policy_line_averages_seeds_not_runs(tmp_path):
+    cfg = ReproduceConfig(tasks={"Sokoban": "a.yaml"}, methods=["grpo", "seed"], seeds=[0, 1],
+                          single_runs=["opd-only"])
+    results = [_run("Sokoban", m, s, [(0, 0.2 if s == 0 else 0.4), (100, 0.5)]) for m in ("grpo", "seed")
+               for s in (0, 1)] + [_run("Sokoban", "opd-only", 0, [(0, 0.2), (100, 0.1)])]
+    out = tmp_path / "RESULTS.md"
+    write_results(cfg, results, out, 1.0, None, [])
+    assert "Base policy (step-0 evaluation, before RL): Sokoban 30.0 ± 14.1" in out.read_text()
+
+
 def test_a_seed_whose_budget_ended_an_update_later_still_reaches_the_seed_mean_final():
     # Seed 0's budget ran out at update 51, seed 1's at 50: one final evaluation more for seed 0.
     seed0 = [(0, 0.41), (12800, 0.40), (25500, 0.50), (25651, 0.516)]

@@ -564,7 +564,9 @@ def write_results(
         *_method_table_header(tasks),
     ]
     lines += _success_rows(methods, tasks, by, lambda r: r.mean_after_start("eval/success_rate"), num_seeds)
-    base = {t: [r.records[0].get("eval/success_rate", math.nan) for r in results if r.task == t] for t in tasks}
+    # Step 0 evaluates the shared base with the seed's draws, the same for every method: one value per seed.
+    base = {t: list({r.seed: r.records[0].get("eval/success_rate", math.nan) for r in results if r.task == t}.values())
+            for t in tasks}
     lines += ["", "Base policy (step-0 evaluation, before RL): " + ", ".join(
         f"{t} {_mean_std(base[t])}" for t in tasks
     ), ""]
