@@ -4,26 +4,27 @@ phase (the trainer's `time/*` metrics), the seconds per environment step, and it
 Runs trained side by side on one machine compare fairly (e.g. one setting against another); runs of
 different machines or loads do not.
 
-python scripts/run_times.py RUN_DIR_OR_METRICS_JSONL [...]
+python scripts/run_times.py RUN_DIR [...]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+from seed_vl.config import ConfigError
+from seed_vl.tracking import read_metrics
 
 PHASES = ("rollout", "analysis", "scoring", "update")
 
 
 def run_times(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary of one run's metrics rows (one per update, plus evaluation rows)."""
-    updates = [r for r in rows if "time/update" in r]
+    updates = [r for r in rows if "time/update" in r and "env_steps" in r]
     if not updates:
-        raise ValueError("no update rows (no 'time/update' metric)")
+        raise ValueError("no update rows (no 'time/update' and 'env_steps' metrics)")
     phases = {p: sum(r.get(f"time/{p}", 0.0) for r in updates) / len(updates) for p in PHASES}
     seconds = sum(sum(r.get(f"time/{p}", 0.0) for p in PHASES) for r in updates)
     env_steps = updates[-1]["env_steps"]
@@ -36,25 +37,15 @@ def run_times(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    file = path / "metrics.jsonl" if path.is_dir() else path
-    if not file.is_file():
-        raise ValueError("no metrics.jsonl (give a run directory or its metrics.jsonl)")
-    try:
-        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{file.name} is not JSON lines ({error})") from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories or metrics.jsonl files")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by `seed-vl train`")
     args = parser.parse_args(argv)
     summaries = {}
     for run in args.runs:
         try:
-            summaries[run] = run_times(read_metrics(Path(run)))
-        except ValueError as error:
+            summaries[run] = run_times(read_metrics(run))
+        except (ConfigError, ValueError) as error:
             print(f"error: {run}: {error}", file=sys.stderr)
             return 2
     print("| run | updates | env steps | " + " | ".join(f"{p}, s" for p in PHASES)
