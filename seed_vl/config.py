@@ -220,7 +220,8 @@ class WarmstartConfig(Section):
     base_model: str = ".cache/tiny-vl"  # the untrained tiny model; built with `tiny_model_seed` when missing
     tiny_model_seed: int = 0
     # Lookup pretraining first (seed_vl/toy/lookup_pretraining.py): steps of finding a step in a route and
-    # copying its move, what following a skill needs; 0 = none. Cached in `<base_model>-lookup/`.
+    # copying its move, what following a skill needs; 0 = none. Cached in `<base_model>-lookup/`. The warm
+    # start warns when it ends below 90% move accuracy: too few steps for this machine (docs/TOY.md).
     lookup_steps: int = Field(0, ge=0)
     lookup_drills: int = Field(0, ge=0)  # lookup and copy documents (half each) as chat examples in the SFT
     freeze_attention: bool = False  # SFT leaves the decoder's attention (where the lookup lives) as it is

@@ -164,9 +164,10 @@ def test_a_base_model_from_another_builder_version_is_rebuilt_and_a_users_own_ke
     assert warmstart.ensure_base_model(config) == base and (base / "model.safetensors").read_bytes() == b"theirs"
 
 
-def test_lookup_pretraining_comes_first_and_is_cached(tmp_path, monkeypatch):
+def test_lookup_pretraining_comes_first_and_is_cached(tmp_path, monkeypatch, capsys):
     config = tiny_budget(tmp_path, "warmstart.lookup_steps=2")
     base = warmstart.ensure_base_model(config)
+    assert "lookup pretraining ended at" in capsys.readouterr().err  # two steps do not learn it: a warning
     assert base == tmp_path / "tiny-vl-lookup"
     summary = json.loads((base / lookup_pretraining.SUMMARY_FILE).read_text())
     assert summary["steps"] == 2 and {kind: len(c) for kind, c in summary["move_accuracy"].items()} == {
@@ -176,6 +177,11 @@ def test_lookup_pretraining_comes_first_and_is_cached(tmp_path, monkeypatch):
 
     monkeypatch.setattr(lookup_pretraining, "train_lookup", lambda *a, **k: pytest.fail("retrained"))
     assert warmstart.ensure_base_model(config) == base
+    assert "lookup pretraining ended at" in capsys.readouterr().err  # said again when the cache is reused
+    summary["move_accuracy"]["lookup"] = [warmstart.LOOKUP_LEARNT]  # as if learnt
+    (base / lookup_pretraining.SUMMARY_FILE).write_text(json.dumps(summary))
+    assert warmstart.ensure_base_model(config) == base
+    assert "lookup pretraining" not in capsys.readouterr().err
     assert warmstart.warmstart_key(config) != warmstart.warmstart_key(tiny_budget(tmp_path))
 
 
