@@ -240,7 +240,11 @@ class WarmstartConfig(Section):
     # `analyzer_sft_replay` examples of each drill kind the first SFT had and up to half as many of its
     # demonstration episodes, so that acting and reading are kept. `analyzer_sft_attention_layers`: the
     # decoder layers whose attention it trains (None: all); the others keep the lookup skills are read with.
+    # `analyzer_sft_policy_episodes`: besides, this many episodes per environment that the warm-started policy
+    # plays itself (no skill, the rollout's sampling), labelled by the scripted analyzer, as DESIGN's stage 1
+    # collects: the episodes the analyzer will be asked about, most of them lost, unlike solver episodes.
     analyzer_sft_episodes: int = Field(0, ge=0)
+    analyzer_sft_policy_episodes: int = Field(0, ge=0)
     analyzer_sft_replay: int = Field(600, ge=0)
     analyzer_sft_lr: float = Field(1e-3, gt=0.0)
     analyzer_sft_attention_layers: list[int] | None = None

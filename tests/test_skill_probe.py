@@ -49,6 +49,17 @@ def test_hindsight_skills_describe_each_episode_s_own_moves():
     assert "1 moves did not finish" in lost_skill or "Ran out of moves after 1 steps" in lost_skill
 
 
+def test_analyzer_agreement_counts_usable_and_agreeing_skills_per_outcome():
+    env = EnvConfig(name="sokoban_text")
+    route = sokoban.solve(sokoban.generate_room(1000))
+    won, lost = (Turn([], "", [], m, True, 0.0) for m in route), [Turn([], "", [], route[0], True, 0.0)]
+    won = Trajectory("sokoban_text", 1000, "", 0, won=True, turns=list(won), skill=f"Push in order: {step_route(route)}")
+    lost = [Trajectory("sokoban_text", 1000, "", 0, won=False, turns=lost, skill=s) for s in ("Avoid walls.", None)]
+    measures = skill_probe.analyzer_agreement(env, [won, *lost])
+    assert measures == {"valid": 2 / 3, "valid_lost": 1 / 2, "agree": 1 / 3, "agree_won": 1.0}
+    assert math.isnan(skill_probe.analyzer_agreement(env, [won])["valid_lost"])
+
+
 def test_probe_reports_every_condition_on_the_tiny_model(tiny_vl_path, monkeypatch):
     config = load_config(None, [
         f"model.path={tiny_vl_path}", "model.device=cpu", "env.name=sokoban_visual", "env.cell_px=28",

@@ -211,7 +211,7 @@ def test_the_analyzer_sft_trains_the_attention_the_first_sft_froze(tmp_path, lay
     config = tiny_budget(
         tmp_path, "warmstart.freeze_attention=true", "warmstart.envs=[sokoban_visual]",
         "warmstart.analyzer_sft_episodes=2", "warmstart.analyzer_sft_replay=2",
-        f"warmstart.analyzer_sft_attention_layers={json.dumps(layers)}",
+        f"warmstart.analyzer_sft_attention_layers={json.dumps(layers)}", "warmstart.analyzer_sft_policy_episodes=2",
     )
     model_dir = warmstart.run_warmstart(config)
     trained, base = load_file(model_dir / "model.safetensors"), load_file(tmp_path / "tiny-vl" / "model.safetensors")
@@ -221,6 +221,30 @@ def test_the_analyzer_sft_trains_the_attention_the_first_sft_froze(tmp_path, lay
     assert all(torch.equal(base[n], trained[n]) for n in attention if n not in chosen)
     stage1 = json.loads((model_dir.parent / "warmstart.json").read_text())["analyzer_sft"]
     assert stage1["steps"] == math.ceil(stage1["examples"] / config.warmstart.batch_size) and stage1["loss_curve"]
+    assert stage1["policy_episodes"]["pairs"] == 2  # the scripted analyzer labels every Sokoban episode
+
+
+def test_the_analyzer_sft_learns_the_policys_own_episodes_labelled_by_the_scripted_analyzer(warm):
+    config, model_dir = warm
+    config = config.model_copy(
+        update={
+            "warmstart": config.warmstart.model_copy(update={"analyzer_sft_policy_episodes": 3}),
+            "rollout": config.rollout.model_copy(update={"num_tasks": 1, "group_size": 2}),  # two batches
+        }
+    )
+    policy = Policy.from_pretrained(model_dir, seed=0)
+    envs = [warmstart.env_config(config, name) for name in config.warmstart.envs]
+    pairs, success = warmstart.policy_analyzer_examples(policy, config, envs)
+    assert len(pairs) == 3 * len(envs) and list(success) == config.warmstart.envs
+    prompts = [prompt_text(p) for p in pairs]
+    for k, env in enumerate(envs):
+        won = sum("Outcome: success" in p for p in prompts[3 * k : 3 * k + 3])
+        assert success[env.name] == round(won / 3, 4) and env.name.split("_")[0] in prompts[3 * k].lower()
+    assert all(parse_analysis(p.response, config.analyzer.min_skill_words) for p in pairs)
+    stage1 = warmstart.analyzer_sft_examples(config, envs, policy.image_settings)
+    assert not set(prompts) & {prompt_text(e) for e in stage1}  # unseen episodes
+    again, _ = warmstart.policy_analyzer_examples(policy, config, envs)
+    assert [(p.context, p.response) for p in again] == [(p.context, p.response) for p in pairs]  # same seed
 
 
 def test_an_analyzer_sft_layer_the_model_lacks_is_a_one_line_error_before_any_training(tmp_path):
@@ -296,3 +320,9 @@ def test_warmstart_table_measures_a_model_as_the_warm_start_measured_it(warm, tm
     bad = subprocess.run([*script, "--measure", str(model_dir), "--config", str(recipe), "env.bogus=1", "--out",
                           str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: env.bogus: unknown key"
+
+
+def prompt_text(example) -> str:
+    """The text of an example's last message, its images left out."""
+    content = example.context[-1]["content"]
+    return content if isinstance(content, str) else "".join(c.get("text", "") for c in content)

@@ -138,12 +138,15 @@ def skill_agrees(game: Env, seed: int, actions: list[str | None], skill: str | N
 def analyzer_agreement(env: EnvConfig, trajectories: list[Trajectory]) -> dict[str, float]:
     """Of the analyzed `trajectories`, the share with a usable skill (`valid`) and the share whose skill
     states what the scripted analyzer's would (`agree`: the winning order or a correct solution, see
-    `Env.hindsight_facts`), also over won episodes alone (`agree_won`; nan without any)."""
+    `Env.hindsight_facts`), also over won episodes alone (`agree_won`; nan without any); and the share of
+    lost episodes with a usable skill (`valid_lost`; nan without any), where the tiny model's invalid ones sit."""
     game = make_env(env)
     agrees = [skill_agrees(game, t.seed, t.actions, t.skill) for t in trajectories]
     won = [agree for agree, t in zip(agrees, trajectories, strict=True) if t.won]
+    lost = [t.skill is not None for t in trajectories if not t.won]
     return {
         "valid": statistics.fmean(t.skill is not None for t in trajectories),
+        "valid_lost": statistics.fmean(lost) if lost else math.nan,
         "agree": statistics.fmean(agrees),
         "agree_won": statistics.fmean(won) if won else math.nan,
     }

@@ -18,7 +18,8 @@ tiny model a short, documented substitute, one shuffled SFT over every `warmstar
   * optionally, a second SFT after it, stage 1's analyzer SFT with the decoder's attention trained
     (`analyzer_sft_episodes`): the first SFT freezes attention to keep the lookup, and its analyzer then
     quotes routes of one or two moves only; the second, on unseen episodes and Sokoban rooms of 3+ moves
-    beside replays of the first's data, teaches the copy of longer ones.
+    beside replays of the first's data, teaches the copy of longer ones; with `analyzer_sft_policy_episodes`,
+    also on episodes the warm-started policy plays itself, the lost ones it will be asked about.
 
 It stops early on purpose (few demonstrations, few epochs): the base policy should solve a minority of
 held-out episodes and leave room for RL. `warmstart.json` records the settings, the SFT loss curve, the
@@ -74,12 +75,14 @@ from seed_vl.toy.perception_probe import measure_perception
 from seed_vl.toy.skill_probe import analyzer_agreement, measure_skill_following
 from seed_vl.toy.tiny_model import build_tiny_model, built_by_another_version
 from seed_vl.tracking import Phase
+from seed_vl.trajectory import Trajectory
 
 SUMMARY_FILE, MODEL_DIR = "warmstart.json", "model"
 # Seed streams of the warm start's own draws (demonstration phrasing, random-action episodes).
 _DEMO_STREAM, _ANALYZER_STREAM, _LOOKUP_STREAM, _PERCEPTION_STREAM, _SKILL_STREAM = 0x3A12, 0x3A13, 0x3A14, 0x3A15, 0x3A16
-_STAGE1_STREAM = 0x3A17
+_STAGE1_STREAM, _POLICY_EPISODE_STREAM = 0x3A17, 0x3A18
 _STAGE1_SEED_OFFSET = 100_000  # the analyzer SFT's episodes: beyond the first SFT's, far below evaluation seeds
+_POLICY_SEED_OFFSET = 200_000  # the policy's own episodes in it: beyond those
 # Below this final move accuracy the lookup is not learnt: on one machine 2,000 steps reached 75% and the base
 # built on it lost EZPoints' skill reading; on another they reached 98% (docs/TOY.md, "The lookup must be learnt").
 LOOKUP_LEARNT = 0.9
@@ -117,7 +120,7 @@ def run_warmstart(config: Config) -> Path:
         log=lambda step, metrics: losses.append(metrics["sft/loss"]),
         show_progress=config.logging.progress,
     )
-    stage1 = analyzer_sft(policy, config, envs) if ws.analyzer_sft_episodes else None
+    stage1 = analyzer_sft(policy, config, envs) if ws.analyzer_sft_episodes or ws.analyzer_sft_policy_episodes else None
     summary = {
         "key": key,
         "note": "the tiny model's warm start: a stand-in for pretraining, not part of SEED",
@@ -183,9 +186,11 @@ def warmstart_examples(
 def analyzer_sft(policy: Policy, config: Config, envs: list[EnvConfig]) -> dict[str, Any]:
     """Stage 1's analyzer SFT on the warm-started policy, its decoder attention trained (in the layers
     `warmstart.analyzer_sft_attention_layers` names, all by default): one epoch over
-    `analyzer_sft_examples`. Returns its example count, steps and loss curve for `warmstart.json`."""
+    `analyzer_sft_examples` and `policy_analyzer_examples`. Returns its example count, the policy episodes'
+    success rates, steps and loss curve for `warmstart.json`."""
+    own, success = policy_analyzer_examples(policy, config, envs)
     freeze_decoder_attention(policy.model, frozen=False, layers=config.warmstart.analyzer_sft_attention_layers)
-    examples = analyzer_sft_examples(config, envs, policy.image_settings)
+    examples = analyzer_sft_examples(config, envs, policy.image_settings) + own
     losses: list[float] = []
     result = train_sft(
         policy,
@@ -194,7 +199,38 @@ def analyzer_sft(policy: Policy, config: Config, envs: list[EnvConfig]) -> dict[
         log=lambda step, metrics: losses.append(metrics["sft/loss"]),
         show_progress=config.logging.progress,
     )
-    return {"examples": len(examples), "steps": result.steps, "loss_curve": loss_curve(losses)}
+    return {
+        "examples": len(examples),
+        **({"policy_episodes": {"pairs": len(own), "success_rate": success}} if own else {}),
+        "steps": result.steps,
+        "loss_curve": loss_curve(losses),
+    }
+
+
+def policy_analyzer_examples(
+    policy: Policy, config: Config, envs: list[EnvConfig]
+) -> tuple[list[SFTExample], dict[str, float]]:
+    """(pairs, success rate per environment) of `warmstart.analyzer_sft_policy_episodes` training episodes per
+    environment that the policy plays with no skill at the rollout's sampling, labelled by the scripted
+    analyzer: DESIGN's stage-1 data. Solver and random-action episodes alone left the skills it wrote for its
+    own lost episodes invalid."""
+    count = config.warmstart.analyzer_sft_policy_episodes
+    if not count:
+        return [], {}
+    chunk = config.rollout.num_tasks * config.rollout.group_size  # the batch a training update plays
+    sampling = SamplingSettings.from_config(config.rollout)
+    seed = derive_seed(_POLICY_EPISODE_STREAM, config.warmstart.seed)
+    examples, success = [], {}
+    with Phase("warm start: policy episodes", count * len(envs), "episode", enabled=config.logging.progress) as bar:
+        for env in envs:
+            seeds = [env.train_seed_start + _POLICY_SEED_OFFSET + k for k in range(count)]
+            played = []
+            for start in range(0, count, chunk):
+                group = EnvGroup.of_seeds(env, seeds[start : start + chunk])
+                played += collect_rollouts(policy, group, sampling, seed=seed, step=start, on_episode_end=bar.update)
+            examples += analyzer_pairs(config, env, played, policy.image_settings)
+            success[env.name] = round(statistics.fmean(t.won for t in played), 4)
+    return examples, success
 
 
 def _sft_settings(config: Config, *, epochs: int, lr: float) -> SFTSettings:
@@ -380,6 +416,13 @@ def analyzer_examples(
     episodes = solved + play_random_episodes(
         env, random_seeds, history_window=config.rollout.history_window, image_settings=images, rng=rng
     )
+    return analyzer_pairs(config, env, episodes, images)
+
+
+def analyzer_pairs(
+    config: Config, env: EnvConfig, episodes: list[Trajectory], images: ImageSettings | None
+) -> list[SFTExample]:
+    """(analyzer prompt -> scripted-analyzer JSON) for every episode the scripted analyzer writes a skill for."""
     scripted = config.analyzer.model_copy(update={"backend": "scripted"})
     make_analyzer(scripted, env, seed=config.warmstart.seed).analyze(episodes)
     return [
