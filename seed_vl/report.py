@@ -379,25 +379,34 @@ SAMPLED_P_BINS = (("sampled p >= 0.99", 0.99), ("sampled p 0.9-0.99", 0.9), ("sa
                   ("sampled p 0.1-0.5", 0.1), ("sampled p < 0.1", 0.0))  # (name, lower bound), highest first
 
 
-def gate_statistics(run_dir: str | Path, beta: float) -> dict[str, dict[str, float]]:
-    """Gates of every saved step of a run, split into the move tokens (inside `<action>...</action>`) and the
-    rest, the move tokens also by episode outcome, and every token by the probability the sampler gave it
+def gate_statistics(run_dir: str | Path, beta: float, steps: range | None = None) -> dict[str, dict[str, float]]:
+    """Gates of the saved steps of a run (those in `steps`; all by default), split into the move tokens (inside
+    `<action>...</action>`) and the rest, the move tokens also by episode outcome, the token after the move by
+    whether it closes the action (`token_after_move`), and every token by the probability the sampler gave it
     (`SAMPLED_P_BINS`; at rollout temperature 1 the student's own): count, mean gate, share open (> 0.5) and
     the mean teacher-student log-prob gap `logit(g) / beta` (nats). Where the skill changes nothing, gates
     sit at 0.5. Sampled tokens have a zero mean likelihood gradient, so gates that favour the unlikely ones
-    move probability toward them: entropy rises."""
+    move probability toward them: entropy rises, and a closing tag gated below its alternatives loses the
+    action format."""
     groups: dict[str, list[float]] = {"move": [], "other": [], "move, won": [], "move, lost": []}
+    groups |= {"after move, </action>": [], "after move, other": []}
     groups |= {name: [] for name, _ in SAMPLED_P_BINS}
-    for step_dir in trajectory_steps(run_dir).values():
+    for step, step_dir in trajectory_steps(run_dir).items():
+        if steps is not None and step not in steps:
+            continue
         for record in read_trajectories(step_dir / "trajectories.jsonl"):
             outcome = "won" if record["won"] else "lost"
             for turn in record["turns"]:
                 if turn.get("gates") is None:
                     continue
-                for is_move, gate in zip(move_token_mask(_response_tokens(turn)), turn["gates"], strict=True):
+                tokens = _response_tokens(turn)
+                for is_move, gate in zip(move_token_mask(tokens), turn["gates"], strict=True):
                     groups["move" if is_move else "other"].append(gate)
                     if is_move:
                         groups[f"move, {outcome}"].append(gate)
+                if (after := token_after_move(tokens)) is not None:
+                    index, closes = after
+                    groups["after move, </action>" if closes else "after move, other"].append(turn["gates"][index])
                 if turn.get("rollout_logprobs"):  # where the sampler returned its log-probs
                     for logprob, gate in zip(turn["rollout_logprobs"], turn["gates"], strict=True):
                         p = math.exp(logprob)
@@ -421,6 +430,25 @@ def move_gates(turn: dict[str, Any]) -> list[float]:
         return []
     return [gate for is_move, gate in zip(move_token_mask(_response_tokens(turn)), turn["gates"], strict=True)
             if is_move]
+
+
+def token_after_move(tokens: list[str]) -> tuple[int, bool] | None:
+    """The index of the token after the first token of a response's action (the whole move, where the
+    tokenizer keeps each move one token, as the toy's does) and whether `</action>` follows that first token
+    there; None where the response opens no action, an empty one, or ends at its first token."""
+    text = "".join(tokens)
+    start = text.find("<action>")
+    if start < 0:
+        return None
+    start += len("<action>")
+    if text.startswith("</action>", start):  # an empty action: no move
+        return None
+    offset = 0
+    for index, token in enumerate(tokens[:-1]):
+        offset += len(token)
+        if offset > start:  # the token that holds the action's first character
+            return index + 1, text.startswith("</action>", offset)
+    return None
 
 
 def move_token_mask(tokens: list[str]) -> list[bool]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -26,6 +27,7 @@ from seed_vl.report import (
     gate_statistics,
     move_token_mask,
     read_trajectories,
+    token_after_move,
     trajectory_steps,
     write_report,
 )
@@ -321,6 +323,40 @@ def test_gate_statistics_split_move_tokens_from_the_rest(visual_run):
     assert sum(stats[name]["tokens"] for name, _ in SAMPLED_P_BINS) == len(gated)
     assert stats["sampled p < 0.1"]["gate_mean"] == pytest.approx(np.mean(unlikely))
     assert stats["move"]["gap_nats"] == pytest.approx(np.mean(np.log(np.array(move) / (1 - np.array(move)))) / beta, rel=1e-3)
+    # the token after each move, once per turn with an action
+    after = [turn for trajectories in written.values() for t in trajectories for turn in t.turns
+             if turn.gates and "<action>" in turn.response_text and "<action></action>" not in turn.response_text]
+    assert sum(stats.get(f"after move, {name}", {"tokens": 0})["tokens"] for name in ("</action>", "other")) == len(after) > 0
+    # a window of updates holds the gates of its steps alone
+    last = max(written)
+    window = gate_statistics(run_dir, beta=beta, steps=range(last, last + 1))
+    gated_last = [g for t in written[last] for turn in t.turns for g in turn.gates or ()]
+    assert window["move"]["tokens"] + window["other"]["tokens"] == len(gated_last) < len(gated)
+
+
+def test_gate_stats_script_prints_one_block_per_window_of_updates(visual_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(visual_run[0], run_dir)
+    (run_dir / "config.yaml").write_text("algorithm:\n  preset: seed\n")
+    script = [sys.executable, str(ROOT / "scripts" / "gate_stats.py"), str(run_dir)]
+    rows = subprocess.run([*script, "--window", "2"], capture_output=True, text=True, timeout=60, check=True).stdout
+    windows = {line.split(" | ")[1] for line in rows.splitlines()[2:]}
+    assert windows == {"1-2", "3-4"}  # the fixture saved updates 1 and 3
+    whole = subprocess.run(script, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert {line.split(" | ")[1] for line in whole.splitlines()[2:]} == {"1-3"}
+    bad = subprocess.run([*script, "--window", "-1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--window" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_the_token_after_the_move_and_whether_it_closes_the_action():
+    tokens = ["<think>", "go", "</think>", "<action>", "up", "</action>"]
+    assert token_after_move(tokens) == (5, True)
+    assert token_after_move(["<think>", "x", "</think>", "<action>", "up", "1", "0", "</action>"]) == (5, False)
+    assert token_after_move(["<action>", "le", "ft", "</action>"]) == (2, False)  # a move split in two tokens
+    assert token_after_move(["<think>x</think><action>up", "</action>"]) == (1, True)  # a straddling token
+    assert token_after_move(["<think>", "x", "</think>"]) is None  # no action
+    assert token_after_move(["<action>", "</action>"]) is None  # an empty one
+    assert token_after_move(["<action>", "up"]) is None  # nothing after the move
 
 
 def test_move_tokens_are_the_ones_inside_the_action_tags():

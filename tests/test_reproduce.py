@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from seed_vl import cli
-from seed_vl.config import Config, ConfigError
+from seed_vl.config import Config, ConfigError, load_config
 from seed_vl.toy import reproduce as reproduce_module
 from seed_vl.toy import warmstart
 from seed_vl.toy.reproduce import (
+    METHODS,
     ReproduceConfig,
     RunResult,
     first_reach,
@@ -238,6 +239,16 @@ def test_single_runs_are_planned_once_on_the_first_task_and_seed(tmp_path):
     assert "| OPD alone (diagnostic) | 30.0 ± 0.0 | — |" in text  # one seed planned, one finished: complete
     assert "| GRPO | n/a (0 of 2 seeds) | n/a (0 of 2 seeds) |" not in text and "| GRPO | n/a | n/a |" in text
     assert "| Sokoban | opd-only |" in text and "| EZPoints | opd-only |" not in text  # not planned: no row
+
+
+@pytest.mark.parametrize("recipe", ["configs/tiny/sokoban_visual.yaml", "configs/tiny/ezpoints_visual.yaml"])
+def test_every_method_loads_and_the_distillation_control_differs_from_its_diagnostic_by_the_gate_alone(recipe):
+    algorithms = {name: load_config(recipe, overrides).algorithm for name, (_, overrides) in METHODS.items()}
+    diagnostic, control = algorithms["opd-only"], algorithms["opsd-only"]
+    assert (diagnostic.preset, control.preset) == ("seed", "opsd")  # learned gates vs every gate at 1
+    assert control.model_copy(update={"preset": "seed"}) == diagnostic
+    assert diagnostic.pg_coef == diagnostic.kl_coef == diagnostic.entropy_coef == 0
+    assert algorithms["grpo"].pg_coef == 1
 
 
 def test_the_base_policy_line_averages_seeds_not_runs(tmp_path):

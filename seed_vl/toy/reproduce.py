@@ -63,6 +63,15 @@ METHODS: dict[str, tuple[str, list[str]]] = {
             "algorithm.entropy_coef=0",
         ],
     ),
+    # Its control: the same term with every gate fixed at 1, i.e. NLL on the policy's own samples, whose
+    # expected gradient is zero on-policy: what it does to the student is the drift of fitting its own samples.
+    "opsd-only": (
+        "OPSD alone (control: gates fixed at 1)",
+        [
+            "algorithm.preset=opsd", "analyzer.backend=scripted", "algorithm.pg_coef=0", "algorithm.kl_coef=0",
+            "algorithm.entropy_coef=0",
+        ],
+    ),
 }
 BUDGET_SETTINGS = {"train.steps", "train.env_step_budget"}  # raised, they continue a run; any other change restarts it
 WALL_TIME_FILE = "wall_time.json"  # in each run directory: its training seconds, summed over sessions
