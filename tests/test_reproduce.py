@@ -241,8 +241,9 @@ def test_single_runs_are_planned_once_on_the_first_task_and_seed(tmp_path):
     assert "| Sokoban | opd-only |" in text and "| EZPoints | opd-only |" not in text  # not planned: no row
 
 
-@pytest.mark.parametrize("recipe", ["configs/tiny/sokoban_visual.yaml", "configs/tiny/ezpoints_visual.yaml"])
+@pytest.mark.parametrize("recipe", ["sokoban_visual.yaml", "ezpoints_visual.yaml"])
 def test_every_method_loads_and_the_distillation_control_differs_from_its_diagnostic_by_the_gate_alone(recipe):
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "tiny" / recipe
     algorithms = {name: load_config(recipe, overrides).algorithm for name, (_, overrides) in METHODS.items()}
     diagnostic, control = algorithms["opd-only"], algorithms["opsd-only"]
     assert (diagnostic.preset, control.preset) == ("seed", "opsd")  # learned gates vs every gate at 1

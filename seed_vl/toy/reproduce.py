@@ -46,7 +46,9 @@ from seed_vl.toy.warmstart import (
 from seed_vl.tracking import read_metrics
 from seed_vl.trainer import run_dir_for, run_finished, train
 
-# Method -> (name in the tables, config overrides). Presets, plus two labelled toy variants.
+DISTILLATION_ALONE = ["analyzer.backend=scripted", "algorithm.pg_coef=0", "algorithm.kl_coef=0",
+                      "algorithm.entropy_coef=0"]  # no policy-gradient, KL or entropy term; scripted skills
+# Method -> (name in the tables, config overrides). Presets, labelled toy variants, a diagnostic and its control.
 METHODS: dict[str, tuple[str, list[str]]] = {
     "grpo": ("GRPO", ["algorithm.preset=grpo"]),
     "opsd": ("GRPO+OPSD", ["algorithm.preset=opsd"]),
@@ -56,22 +58,10 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "seed-scripted": ("SEED (scripted analyzer)", ["algorithm.preset=seed", "analyzer.backend=scripted"]),
     "seed-lambda1": ("SEED, lambda = 1 (toy ablation)", ["algorithm.preset=seed", "algorithm.opd_coef=1.0"]),
     # Diagnostic: the distillation term alone (no policy gradient, KL or entropy), scripted skills.
-    "opd-only": (
-        "OPD alone (diagnostic)",
-        [
-            "algorithm.preset=seed", "analyzer.backend=scripted", "algorithm.pg_coef=0", "algorithm.kl_coef=0",
-            "algorithm.entropy_coef=0",
-        ],
-    ),
+    "opd-only": ("OPD alone (diagnostic)", ["algorithm.preset=seed", *DISTILLATION_ALONE]),
     # Its control: the same term with every gate fixed at 1, i.e. NLL on the policy's own samples, whose
     # expected gradient is zero on-policy: what it does to the student is the drift of fitting its own samples.
-    "opsd-only": (
-        "OPSD alone (control: gates fixed at 1)",
-        [
-            "algorithm.preset=opsd", "analyzer.backend=scripted", "algorithm.pg_coef=0", "algorithm.kl_coef=0",
-            "algorithm.entropy_coef=0",
-        ],
-    ),
+    "opsd-only": ("OPSD alone (control: gates fixed at 1)", ["algorithm.preset=opsd", *DISTILLATION_ALONE]),
 }
 BUDGET_SETTINGS = {"train.steps", "train.env_step_budget"}  # raised, they continue a run; any other change restarts it
 WALL_TIME_FILE = "wall_time.json"  # in each run directory: its training seconds, summed over sessions
