@@ -99,17 +99,22 @@ def test_two_update_steps_of_each_preset(tmp_path, tiny_vl_path, tiny_text_path,
     assert (final / "model" / "model.safetensors").is_file()
 
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_vl_path):
+@pytest.mark.parametrize(
+    ("env", "preset", "backend", "kl_coef"),
+    [("sokoban_visual", "seed", "scripted", 0.0), ("ezpoints_visual", "opsd", "self", 0.01)],
+)
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_vl_path, env, preset, backend, kl_coef):
     common = _overrides(
         tiny_vl_path,
         tmp_path,
-        "sokoban_visual",
+        env,
         **{
             "train.steps": 3,
             "checkpoint.every": 1,
             "checkpoint.keep_last": 3,
-            "analyzer.backend": "scripted",
-            "algorithm.kl_coef": 0.0,
+            "algorithm.preset": preset,
+            "analyzer.backend": backend,
+            "algorithm.kl_coef": kl_coef,
             "eval.num_tasks": 1,
         },
     )
