@@ -3,10 +3,11 @@ their wins, mean return and each turn's mean move gate."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers import write_trajectory_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,24 +23,18 @@ def _record(won: bool, episode_return: float, *turns: dict) -> dict:
     return {"seed": 0, "group_id": 0, "won": won, "episode_return": episode_return, "turns": list(turns)}
 
 
-def _write_step(run: Path, step: int, records: list[dict]) -> None:
-    step_dir = run / "trajectories" / f"step_{step:06d}"
-    step_dir.mkdir(parents=True)
-    (step_dir / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "action_sequences.py"), *args],
                           capture_output=True, text=True)
 
 
 def test_counts_sequences_with_rejected_moves_bracketed_and_gates_per_turn(tmp_path):
-    _write_step(tmp_path, 1, [
+    write_trajectory_step(tmp_path, 1, [
         _record(False, -3.0, _turn("2", False, 0.4), _turn("+", True, 0.6), _turn("10", False, 0.0)),
         _record(False, -3.0, _turn("2", False, 0.2), _turn("+", True, None), _turn("10", False, 0.1)),
         _record(True, 10.0, _turn("2", True, 0.9), _turn("+", True, 0.5), _turn("10", True, 0.7)),
     ])
-    _write_step(tmp_path, 2, [_record(False, -2.0, _turn(None, False, None), _turn("+", True, None))])
+    write_trajectory_step(tmp_path, 2, [_record(False, -2.0, _turn(None, False, None), _turn("+", True, None))])
 
     first = _run(str(tmp_path), "--steps", "1").stdout
     assert "update steps 1, episodes 3\n" in first

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers import write_trajectory_step
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = ["<think>", "go", "</think>", "<action>", "MOVE", "</action>"]
@@ -19,20 +20,14 @@ def _record(won: bool, first: str | None, gate: float | None) -> dict:
     return {"seed": 0, "group_id": 0, "won": won, "episode_return": 0.0, "turns": [turn, dict(turn, gates=None)]}
 
 
-def _write_step(run: Path, step: int, records: list[dict]) -> None:
-    step_dir = run / "trajectories" / f"step_{step:06d}"
-    step_dir.mkdir(parents=True)
-    (step_dir / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "first_moves.py"), *args],
                           capture_output=True, text=True)
 
 
 def test_counts_first_moves_and_their_gates_by_outcome_in_each_window(tmp_path):
-    _write_step(tmp_path, 1, [_record(True, "5", 0.9), _record(False, "2", 0.1), _record(False, None, None)])
-    _write_step(tmp_path, 2, [_record(True, "2", 0.2), _record(False, "2", 0.4), _record(True, "2", None)])
+    write_trajectory_step(tmp_path, 1, [_record(True, "5", 0.9), _record(False, "2", 0.1), _record(False, None, None)])
+    write_trajectory_step(tmp_path, 2, [_record(True, "2", 0.2), _record(False, "2", 0.4), _record(True, "2", None)])
 
     first = _run(str(tmp_path), "--steps", "1").stdout
     assert "update steps 1, episodes 3, first moves: '5' 1 (won 1), '2' 1 (won 0), '(none)' 1 (won 0)" in first

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers import write_trajectory_step
 
 from seed_vl.config import Config, save_config
 from seed_vl.envs.sokoban import ACTIONS, generate_room, is_deadlocked
@@ -38,14 +39,12 @@ def test_counts_the_move_that_made_a_lost_room_unsolvable_and_the_turns_after_it
     deadly_seed, deadly = _second_move_deadlocks()
     walk = next((seed, a) for seed in range(100) for a in ACTIONS
                 if (s := generate_room(seed, (6, 6), 1, 30).move(a))[1] and not s[2])
-    step_dir = tmp_path / "trajectories" / "step_000001"
-    step_dir.mkdir(parents=True)
     records = [
         _record(deadly_seed, False, [*deadly, "up", "down"]),  # unsolvable at move 2, then 2 wasted turns
         _record(walk[0], False, [walk[1]]),                      # lost (truncated here), still solvable
         _record(walk[0], True, [walk[1]]),                       # won episodes are not replayed
     ]
-    (step_dir / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_trajectory_step(tmp_path, 1, records)
     save_config(config, tmp_path / "config.yaml")
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "lost_episodes.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
@@ -67,9 +66,7 @@ def test_success_is_counted_by_the_rooms_shortest_solution(tmp_path):
     # Update 1 won that room, update 2 lost it.
     other = "up" if move != "up" else "down"
     for step, record in enumerate([_record(seed, True, [move]), _record(seed, False, [other])], 1):
-        step_dir = tmp_path / "trajectories" / f"step_{step:06d}"
-        step_dir.mkdir(parents=True)
-        (step_dir / "trajectories.jsonl").write_text(json.dumps(record) + "\n")
+        write_trajectory_step(tmp_path, step, [record])
     save_config(Config.model_validate({"env": {"name": "sokoban_text"}}), tmp_path / "config.yaml")
 
     def run(*flags: str) -> str:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
 from pathlib import Path
 
 import pytest
+from helpers import write_trajectory_step
 from transformers import AutoProcessor
 
 from seed_vl.analyzer import parse_analysis
@@ -193,8 +193,6 @@ def test_copy_probe_on_a_run_counts_won_episodes_whose_skill_quotes_their_route(
         turns = [{"response_text": "", "response_ids": [1], "action": a, "action_valid": True, "reward": 0.0} for a in actions]
         return {"seed": seed, "group_id": 0, "won": won, "episode_return": 0.0, "turns": turns, "skill": skill}
 
-    step_dir = tmp_path / "trajectories" / "step_000001"
-    step_dir.mkdir(parents=True)
     records = [
         record(one_seed, True, one, f"Winning order: {step_route(one)}."),
         record(long_seed, True, long, f"Winning order: {step_route(long)}."),
@@ -202,7 +200,7 @@ def test_copy_probe_on_a_run_counts_won_episodes_whose_skill_quotes_their_route(
         record(long_seed, True, long, None),
         record(long_seed, False, long[:1], f"Winning order: {step_route(long)}."),
     ]
-    (step_dir / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_trajectory_step(tmp_path, 1, records)
     save_config(Config.model_validate({"env": {"name": "sokoban_text"}}), tmp_path / "config.yaml")
     probe = script_module("copy_probe")
     assert probe.main(["--run", str(tmp_path)]) == 0
