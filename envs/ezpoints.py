@@ -3,6 +3,10 @@ on PyPI, rewritten): two cards, build a formula equal to 12 from both card value
 
 Deal (as gym_cards): card 1 has rank 2..13 (J, Q, K count 10); card 2 is worth 12 // v1 with probability 1/2
 when v1 divides 12, else 12 - v1; the order is then swapped with probability 1/2. Every deal is solvable.
+Since a 10-valued card is drawn 4 times in 12, "2 + 10 =" wins 37.5% of these deals whatever the cards.
+`deal="uniform_pair"` (a labelled toy departure from gym_cards, docs/TOY.md): the two values are one of the
+seven solvable pairs, each as likely (a 10 dealt as 10, J, Q or K alike), in either order; one formula then
+wins 1 deal in 7.
 
 Rules and rewards, as gym_cards' `EZPointEnv.step`:
   * Tokens are 1..10, '+', '*' and '='.
@@ -30,7 +34,7 @@ from abc import abstractmethod
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from seed_vl.envs.base import Env, EpisodeOver, Hindsight, Observation, StepResult, count, phrase, step_list
 
@@ -44,6 +48,8 @@ MAX_FORMULA_TOKENS = 5  # gym_cards: a step that finds a longer formula ends the
 WIN_REWARD, LOSS_REWARD = 10.0, -1.0  # LOSS_REWARD: a wrong '=', an invalid token, the length limit
 BLANK = " "  # what an invalid token adds to the formula
 SUITS = ("hearts", "spades", "diamonds", "clubs")
+# Card values a deal can hold (2..10) whose sum or product is 12: (2, 6), (2, 10), (3, 4), ... (6, 6)
+SOLVABLE_PAIRS = tuple((a, b) for a in range(2, 11) for b in range(a, 11) if TARGET in (a + b, a * b))
 TASK = (
     "EZPoints: build a formula equal to 12 that uses the values of both cards once each (J, Q and K count "
     "as 10); one token per step: a number 1-10, '+' or '*', then '=' to submit."
@@ -69,12 +75,19 @@ class Card:
         return f"{self.label} of {self.suit}"
 
 
-def deal(rng: random.Random) -> tuple[Card, Card]:
-    """gym_cards' deal, with its draws in the same order, from `rng`."""
-    first = Card(rng.randint(2, 13), rng.choice(SUITS))
-    v = first.value
-    second_value = TARGET // v if TARGET % v == 0 and rng.random() <= 0.5 else TARGET - v
-    cards = (first, Card(second_value, rng.choice(SUITS)))
+Deal = Literal["gym_cards", "uniform_pair"]
+
+
+def deal(rng: random.Random, kind: Deal = "gym_cards") -> tuple[Card, Card]:
+    """gym_cards' deal, with its draws in the same order, from `rng`; or the `uniform_pair` variant."""
+    if kind == "uniform_pair":
+        values = rng.choice(SOLVABLE_PAIRS)
+        cards = tuple(Card(rng.randint(10, 13) if v == 10 else v, rng.choice(SUITS)) for v in values)
+    else:
+        first = Card(rng.randint(2, 13), rng.choice(SUITS))
+        v = first.value
+        second_value = TARGET // v if TARGET % v == 0 and rng.random() <= 0.5 else TARGET - v
+        cards = (first, Card(second_value, rng.choice(SUITS)))
     return cards[::-1] if rng.random() <= 0.5 else cards
 
 
@@ -145,8 +158,9 @@ class EZPointsEnv(Env):
 
     task = TASK
 
-    def __init__(self, max_steps: int | None = None) -> None:
+    def __init__(self, max_steps: int | None = None, deal: Deal = "gym_cards") -> None:
         self.max_steps = max_steps or MAX_STEPS
+        self.deal_kind = deal
         self.cards: tuple[Card, Card] | None = None
         self.formula: Formula = ()
         self._steps = 0
@@ -160,7 +174,7 @@ class EZPointsEnv(Env):
     def _observe(self) -> Observation: ...
 
     def reset(self, seed: int) -> tuple[Observation, dict[str, Any]]:
-        self.cards = deal(random.Random(seed))
+        self.cards = deal(random.Random(seed), self.deal_kind)
         self.formula, self._steps, self._done = (), 0, False
         return self._observe(), self._info(action_valid=True, won=False)
 

@@ -28,8 +28,8 @@ ENV_FACTORIES: dict[str, Callable[[EnvConfig], Env]] = {
         cfg.dim_room, cfg.num_boxes, cfg.max_steps, end_on_deadlock=cfg.end_on_deadlock,
         min_solution_moves=cfg.min_solution_moves,
     ),
-    "ezpoints_visual": lambda cfg: EZPointsVisualEnv(cfg.max_steps, cfg.image_size),
-    "ezpoints_text": lambda cfg: EZPointsTextEnv(cfg.max_steps),
+    "ezpoints_visual": lambda cfg: EZPointsVisualEnv(cfg.max_steps, cfg.image_size, cfg.ezpoints_deal),
+    "ezpoints_text": lambda cfg: EZPointsTextEnv(cfg.max_steps, cfg.ezpoints_deal),
     "textworld": _textworld,
 }
 

@@ -79,6 +79,9 @@ class EnvConfig(Section):
     end_on_deadlock: bool = False  # Sokoban: a push that makes the room unsolvable ends the episode (lost)
     min_solution_moves: int = Field(0, ge=0, le=20)  # Sokoban: rooms solved in fewer moves are redrawn
     image_size: int = Field(300, ge=56, le=1024)  # EZPoints frame side
+    # EZPoints: "gym_cards" (RL4VLM's deal, where "2 + 10 =" wins 37.5% of deals) or "uniform_pair", a toy
+    # departure that deals the seven solvable pairs of values alike (envs/ezpoints.py)
+    ezpoints_deal: Literal["gym_cards", "uniform_pair"] = "gym_cards"
     textworld_level: int = Field(1, ge=1, le=30)  # TextWorld tw-treasure_hunter level
     textworld_pool_size: int = Field(16, ge=1)
     train_seed_start: int = Field(0, ge=0)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import random
 
 import numpy as np
 import pytest
 
+from seed_vl.config import EnvConfig
 from seed_vl.envs.base import EpisodeOver
-from seed_vl.envs.ezpoints import SUITS, Card, deal, evaluate, solve
+from seed_vl.envs.ezpoints import SOLVABLE_PAIRS, SUITS, Card, deal, evaluate, solve
+from seed_vl.envs.registry import make_env
 from seed_vl.envs.text.ezpoints import EZPointsTextEnv
 from seed_vl.envs.visual.ezpoints import TABLE_GREEN, EZPointsVisualEnv, render_table
 
@@ -47,6 +50,29 @@ def test_deal_is_a_function_of_the_seed_and_both_orders_occur():
     assert deal(random.Random(7)) == deal(random.Random(7))
     firsts = {deal(random.Random(s))[0].value for s in range(200)}
     assert 2 in firsts and 10 in firsts  # (10, 2) and (2, 10) both appear: the order is shuffled
+
+
+def test_the_uniform_pair_deal_flattens_the_pairs_and_keeps_every_deal_solvable():
+    def pair_shares(kind: str) -> dict[tuple[int, ...], float]:
+        pairs = collections.Counter(tuple(sorted(c.value for c in deal(random.Random(s), kind))) for s in range(9000))
+        return {pair: n / 9000 for pair, n in pairs.items()}
+
+    gym, flat = pair_shares("gym_cards"), pair_shares("uniform_pair")
+    # gym_cards: a 10-valued card 4 times in 12, so "2 + 10 =" wins 37.5% of deals; here each pair 1/7.
+    assert 0.35 < gym[(2, 10)] < 0.40 and max(gym.values()) == gym[(2, 10)]
+    assert set(flat) == set(gym) == set(SOLVABLE_PAIRS)  # the same deals, only their frequencies differ
+    assert all(0.12 < share < 0.165 for share in flat.values())
+    dealt = [deal(random.Random(s), "uniform_pair") for s in range(2000)]
+    assert {c.rank for cards in dealt for c in cards} == set(range(2, 14))  # faces still dealt, worth 10
+    assert all(solve([c.value for c in cards]) for cards in dealt)
+
+
+def test_the_environment_deals_as_configured():
+    for kind in ("gym_cards", "uniform_pair"):
+        env = make_env(EnvConfig(name="ezpoints_text", ezpoints_deal=kind))
+        env.reset(11)
+        assert env.cards == deal(random.Random(11), kind)
+    assert deal(random.Random(11)) != deal(random.Random(11), "uniform_pair")
 
 
 def test_winning_formula_earns_ten_and_ends_the_episode():

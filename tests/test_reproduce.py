@@ -155,6 +155,29 @@ def test_reproduce_on_a_minimal_budget_writes_results(tmp_path, tiny_vl_path, mo
     shutil.rmtree(tmp_path / "runs")
     (tmp_path / "elsewhere").rename(tmp_path / "runs")
 
+    # A task varied by `task_overrides` shares the base and the other tasks' finished runs: the base is
+    # measured on the varied task once, its runs train on it, and its row reports that measure.
+    tasks = {"Sokoban": "configs/tiny/sokoban_visual.yaml", "EZPoints-uniform": "configs/tiny/ezpoints_visual.yaml"}
+    varied = [*args, "workers=1", "seeds=[0]", "methods=[grpo]", f"tasks={json.dumps(tasks)}",
+              f"task_overrides={json.dumps({'EZPoints-uniform': ['env.ezpoints_deal=uniform_pair']})}"]
+    with pytest.raises(ConfigError, match="task_overrides.Nope: not a task"):
+        reproduce(None, [*varied, f"task_overrides={json.dumps({'Nope': ['env.max_steps=3']})}"])
+    sokoban_record = tmp_path / "records" / "sokoban-grpo-seed0.json"
+    recorded_at = sokoban_record.stat().st_mtime
+    text = reproduce(None, varied).read_text()
+    assert sokoban_record.stat().st_mtime == recorded_at  # not trained again
+    assert "ezpoints_deal: uniform_pair" in (tmp_path / "runs" / "ezpoints-uniform-grpo-seed0" / "config.yaml").read_text()
+    measured = tmp_path / "records" / "base-ezpoints-uniform.json"
+    record = json.loads(measured.read_text())
+    assert record["env"]["ezpoints_deal"] == "uniform_pair" and "skills/success/correct" in record["measures"]
+    row = next(line for line in text.splitlines() if line.startswith("| EZPoints-uniform | "))
+    assert row.split(" | ")[4] == f"{100 * record['measures']['skills/success/none']:.1f}"
+    assert "EZPoints-uniform: measured the same way on the varied task" in text
+    measured_at = measured.stat().st_mtime
+    reproduce(None, varied)
+    assert measured.stat().st_mtime == measured_at  # measured once per base
+    assert reproduce(None, varied, report_only=True).read_text() == text
+
     # Another setting starts a started run over (never continued under settings it did not start with); a
     # raised budget continues it.
     run_dir, one_run = tmp_path / "runs" / "sokoban-grpo-seed0", [*args, "workers=1", "seeds=[0]", "methods=[grpo]"]

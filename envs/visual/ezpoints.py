@@ -11,7 +11,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 from seed_vl.envs.base import Observation
-from seed_vl.envs.ezpoints import Card, EZPointsEnv, Formula, show_formula
+from seed_vl.envs.ezpoints import Card, Deal, EZPointsEnv, Formula, show_formula
 
 TABLE_GREEN = "#35654d"
 SUIT_GLYPHS = {"hearts": "\u2665", "spades": "\u2660", "diamonds": "\u2666", "clubs": "\u2663"}
@@ -69,8 +69,8 @@ def render_table(cards: tuple[Card, Card], formula: Formula, size: int = DEFAULT
 class EZPointsVisualEnv(EZPointsEnv):
     name = "ezpoints_visual"
 
-    def __init__(self, max_steps: int | None = None, image_size: int = DEFAULT_SIZE) -> None:
-        super().__init__(max_steps)
+    def __init__(self, max_steps: int | None = None, image_size: int = DEFAULT_SIZE, deal: Deal = "gym_cards") -> None:
+        super().__init__(max_steps, deal)
         self.image_size = image_size
 
     def _observe(self) -> Observation:

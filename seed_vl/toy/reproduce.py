@@ -32,13 +32,16 @@ import torch
 from pydantic import Field
 
 from seed_vl.checkpoint import list_checkpoints, load_trainer_state
-from seed_vl.config import Config, ConfigError, Section, load_config, to_dict
+from seed_vl.config import Config, ConfigError, EnvConfig, Section, load_config, to_dict
 from seed_vl.io import atomic_write_text, model_digest
 from seed_vl.plots import Run, draw_runs
+from seed_vl.policy import Policy
 from seed_vl.toy.warmstart import (
     MODEL_DIR,
     SUMMARY_FILE,
     cached_key,
+    env_config,
+    measure_base_policy,
     run_warmstart,
     same_warmstart_settings,
     warmstart_key,
@@ -87,6 +90,9 @@ class ReproduceConfig(Section):
     # Keys of METHODS run once, on the first task with the first seed: labelled ablations and diagnostics.
     single_runs: list[str] = []
     overrides: list[str] = []  # applied to every run and to the base's warm start, e.g. "train.steps=20"
+    # Task label -> overrides applied to that task's runs alone, after `overrides`: a variant of a task
+    # trained from the same base (e.g. "env.ezpoints_deal=uniform_pair"); the base's warm start ignores them.
+    task_overrides: dict[str, list[str]] = {}
     # Applied to the shared base's warm start alone (settings only the first recipe accepts, e.g. Sokoban's
     # skill drills); the base's digest in every run record stands for them.
     warmstart_overrides: list[str] = []
@@ -141,6 +147,7 @@ def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_mod
         cfg.tasks[task],
         [
             *cfg.overrides,
+            *cfg.task_overrides.get(task, []),
             f"model.path={base_model}",
             *METHODS[method][1],
             f"train.seed={seed}",
@@ -152,7 +159,8 @@ def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_mod
 
 def run_settings(cfg: ReproduceConfig, task: str, method: str, seed: int) -> dict[str, Any]:
     """What a run record must match to stand for the run (where its files live does not count)."""
-    return {"recipe": cfg.tasks[task], "overrides": [*cfg.overrides, *METHODS[method][1]], "seed": seed}
+    overrides = [*cfg.overrides, *cfg.task_overrides.get(task, []), *METHODS[method][1]]
+    return {"recipe": cfg.tasks[task], "overrides": overrides, "seed": seed}
 
 
 def reproduce(
@@ -164,6 +172,9 @@ def reproduce(
     for task, recipe in cfg.tasks.items():
         if not Path(recipe).is_file():
             raise ConfigError(f"tasks.{task}: recipe not found: {recipe}")
+    for task in cfg.task_overrides:
+        if task not in cfg.tasks:
+            raise ConfigError(f"task_overrides.{task}: not a task (they are {', '.join(cfg.tasks)})")
     for field, methods in (("methods", cfg.methods), ("single_runs", cfg.single_runs)):
         for method in methods:
             if method not in METHODS:
@@ -176,12 +187,13 @@ def reproduce(
     # One warm-started base for every task, method and seed: the first recipe's warm start over every task's
     # environment, kept in the reproduction's own directory so that a demo cannot replace it.
     envs = [load_config(recipe, cfg.overrides).env.name for recipe in cfg.tasks.values()]
-    first = load_config(next(iter(cfg.tasks.values())), [
+    warmstart_overrides = [
         *cfg.overrides,
         *cfg.warmstart_overrides,
         f"warmstart.envs=[{', '.join(envs)}]",
         f"warmstart.out_dir={Path(cfg.output_dir) / 'warmstart'}",
-    ])
+    ]
+    first = load_config(next(iter(cfg.tasks.values())), warmstart_overrides)
     warmstart_dir = Path(first.warmstart.out_dir)
     base_model = str(warmstart_dir / MODEL_DIR)
     records_dir = Path(cfg.records_dir)
@@ -202,6 +214,10 @@ def reproduce(
             print(f"[reproduce] the code has changed since {warmstart_dir} was built; the runs that share it "
                   "continue from it (remove the directory to rebuild)", file=sys.stderr)
         base = _record_base(warmstart_dir, records_dir)
+        for task, env in zip(cfg.tasks, envs, strict=True):
+            if task in cfg.task_overrides:
+                variant = load_config(next(iter(cfg.tasks.values())), [*warmstart_overrides, *cfg.task_overrides[task]])
+                measure_task_variant(variant, env_config(variant, env), records_dir / _task_base_record(task), base)
         pending = []
         for (task, method, seed), run_cfg in runs.items():
             settings = run_settings(cfg, task, method, seed)
@@ -231,8 +247,10 @@ def reproduce(
         if task_runs:
             draw_runs(task_runs, Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png")
     minutes = (base_record.get("wall_time_s", 0.0) + sum(r.wall_time_s for r in results)) / 60
-    measured = base_record.get("base", {})
-    preconditions = {task: measured[env] for task, env in zip(cfg.tasks, envs, strict=True) if env in measured}
+    measured = {task: base_record.get("base", {}).get(env) for task, env in zip(cfg.tasks, envs, strict=True)}
+    measured.update({task: _read_json(records_dir / _task_base_record(task)).get("measures")
+                     for task in cfg.task_overrides})
+    preconditions = {task: metrics for task, metrics in measured.items() if metrics}
     write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides, preconditions)
     return Path(cfg.results)
 
@@ -323,6 +341,24 @@ def _record_base(warmstart_dir: Path, records_dir: Path) -> str:
     record = {"digest": digest, "built_with": versions, **kept}
     atomic_write_text(records_dir / BASE_RECORD, json.dumps(record, indent=1) + "\n")
     return digest
+
+
+def _task_base_record(task: str) -> str:
+    return f"base-{task.lower()}.json"
+
+
+def measure_task_variant(config: Config, env: EnvConfig, path: Path, base: str) -> None:
+    """The shared base's measures (`measure_base_policy`, as its warm start took them) on a task that
+    `task_overrides` vary, recorded in `path` once per base and environment: the warm start measured the
+    recipes' own environments only."""
+    env_settings = env.model_dump(mode="json")
+    if (recorded := _read_json(path)).get("base") == base and recorded.get("env") == env_settings:
+        return
+    print(f"[reproduce] measuring the base on {path.stem.removeprefix('base-')}", file=sys.stderr)
+    policy = Policy.from_config(config.model, path=Path(config.warmstart.out_dir) / MODEL_DIR, trainable=False)
+    measures = measure_base_policy(policy, config, env)
+    record = {"base": base, "env": env_settings, "measures": measures}
+    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
 
 
 def _record_path(records_dir: Path, config: Config) -> Path:
@@ -437,8 +473,9 @@ _PRECONDITIONS = [
 _FORMATS = {"%": lambda v: f"{100 * v:.1f}", "nats": lambda v: f"{v:+.3f}", "gate": lambda v: f"{v:.3f}"}
 
 
-def _precondition_lines(preconditions: dict[str, dict[str, float]]) -> list[str]:
-    """Does the base see, read a skill, and does its self-analyzer write usable ones (docs/TOY.md: the warm start)."""
+def _precondition_lines(preconditions: dict[str, dict[str, float]], variants: Sequence[str] = ()) -> list[str]:
+    """Does the base see, read a skill, and does its self-analyzer write usable ones (docs/TOY.md: the warm
+    start). `variants`: tasks whose rows the reproduction measured itself (`measure_task_variant`)."""
     if not preconditions:
         return []
 
@@ -460,6 +497,8 @@ def _precondition_lines(preconditions: dict[str, dict[str, float]]) -> list[str]
         "correct-skill episodes with the skill they were played with; and the self-analyzer's",
         "skills on those episodes: usable, and agreeing with the scripted analyzer's content (the winning",
         "order, or a correct solution).",
+        *([f"{', '.join(variants)}: measured the same way on the varied task by the reproduction",
+           "(`base-<task>.json` beside the run records)."] if variants else []),
         "",
         "| Task | " + " | ".join(heading for heading, _, _ in _PRECONDITIONS) + " |",
         "|---|" + "---|" * len(_PRECONDITIONS),
@@ -570,7 +609,7 @@ def write_results(
         f"{t} {_mean_std(base[t])}" for t in tasks
     ), ""]
 
-    lines += _precondition_lines(preconditions or {})
+    lines += _precondition_lines(preconditions or {}, [t for t in cfg.task_overrides if t in (preconditions or {})])
     lines += [
         "## Environment steps to reach GRPO's final success rate",
         "",
