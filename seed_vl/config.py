@@ -233,6 +233,10 @@ class WarmstartConfig(Section):
     perception_steps: int = Field(0, ge=0)
     perception_states: int = Field(3000, ge=1)  # final pushes (solver episodes' last states) it trains on
     perception_drills: int = Field(0, ge=0)  # final pushes as chat examples mixed into the SFT
+    # EZPoints first turns (the cards, an empty formula -> the first number) it trains on beside them, what
+    # reading the cards needs; and as chat examples in the SFT. Need ezpoints_visual in `envs`.
+    perception_first_numbers: int = Field(0, ge=0)
+    first_number_drills: int = Field(0, ge=0)
     # Skill turns (a varied plan's turn, the skill naming it in context) it trains on beside the final
     # pushes, what reading a skill in the policy's own prompt needs; and as chat examples in the SFT.
     perception_skill_turns: int = Field(0, ge=0)
@@ -279,6 +283,11 @@ class WarmstartConfig(Section):
         for name in ("perception_steps", "perception_drills", "perception_skill_turns", "skill_drills"):
             if getattr(self, name) and "sokoban_visual" not in self.envs:
                 raise ValueError(f"{name}: perception pretraining plays sokoban_visual; add it to envs or set 0")
+        for name in ("perception_first_numbers", "first_number_drills"):
+            if getattr(self, name) and "ezpoints_visual" not in self.envs:
+                raise ValueError(f"{name}: first numbers are EZPoints turns; add ezpoints_visual to envs or set 0")
+        if self.perception_first_numbers and not self.perception_steps:
+            raise ValueError("perception_first_numbers: trained in perception pretraining; set perception_steps")
         return self
 
     @model_validator(mode="after")

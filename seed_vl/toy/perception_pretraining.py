@@ -18,7 +18,12 @@ that plan in context, -> the plan's move, which the frame alone does not decide;
 bare route documents do not carry over to the prompt on their own. `warmstart.perception_drills` and
 `warmstart.skill_drills` mix both kinds into the SFT as chat examples, as lookup drills keep the lookup:
 without them the SFT unlearns sight even with attention and tower frozen, and it unlearns reading too.
-A stand-in for pretraining, not part of SEED; visual Sokoban only.
+EZPoints asks the same of its cards: the warm start's base answers one first number whatever the cards show
+(`scripts/first_moves.py`), so `warmstart.perception_first_numbers` adds EZPoints first turns to the same
+batches: the two cards and an empty formula -> the solver's first number (the smaller card's value), which
+only the frame gives, and `warmstart.first_number_drills` mixes them into the SFT. They are dealt as
+`uniform_pair` (envs/ezpoints.py) whatever the recipe deals, as pretraining sees every card alike.
+A stand-in for pretraining, not part of SEED; visual Sokoban, and visual EZPoints beside it.
 
 Measured on the Sokoban recipe (one run each; README, "Perception pretraining"): on final pushes alone the
 held-out move accuracy stays near chance to 47% for 500 steps, then jumps to 100% by step 600; with skill
@@ -41,6 +46,7 @@ from typing import Any
 import torch
 
 from seed_vl.config import EnvConfig, ModelConfig
+from seed_vl.envs.ezpoints import NUMBERS
 from seed_vl.envs.sokoban import ACTIONS
 from seed_vl.io import atomic_directory, atomic_write_text, content_digest, model_digest
 from seed_vl.policy import Policy
@@ -55,6 +61,10 @@ from seed_vl.tracking import Phase
 BATCH_SIZE, LR, HELD_OUT = 16, 1e-3, 128
 SUMMARY_FILE = "perception.json"
 _SKILL_STREAM = 0x5E1F  # the skill turns' draws (plans, phrasing)
+_FIRST_NUMBER_STREAM = 0xCA2D  # the first numbers' draws (phrasing)
+# What a held-out turn of each kind is ranked among: Sokoban's moves, or the first token of each number
+# ('1' for 10: no card is worth 1).
+CANDIDATES = {"final_push": ACTIONS, "skill_turn": ACTIONS, "first_number": tuple(sorted({n[0] for n in NUMBERS}))}
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,16 @@ def final_push_turns(
     first turn (no history), answered with the terse answer the warm start trains on."""
     episodes = play_demonstrations(env, count, seed=seed, history_window=0, image_settings=image_settings, rng=rng)
     return [SFTExample(e.turns[-1].context, terse_response(e.turns[-1].response_text)) for e in episodes]
+
+
+def first_number_turns(
+    env: EnvConfig, count: int, *, seed: int, image_settings: ImageSettings | None, rng: random.Random
+) -> list[SFTExample]:
+    """The first turn of `count` EZPoints solver demonstrations on the training seeds from `seed`, dealt as
+    `uniform_pair`: the cards and an empty formula, answered with the solver's first number."""
+    env = env.model_copy(update={"ezpoints_deal": "uniform_pair"})
+    episodes = play_demonstrations(env, count, seed=seed, history_window=0, image_settings=image_settings, rng=rng)
+    return [SFTExample(e.turns[0].context, terse_response(e.turns[0].response_text)) for e in episodes]
 
 
 def move_turns(policy: Policy, examples: list[SFTExample]) -> list[MoveTurn]:
@@ -97,9 +117,11 @@ def move_loss(policy: Policy, turns: list[MoveTurn]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def move_accuracy(policy: Policy, turns: list[MoveTurn], batch_size: int = 32) -> float:
-    """The share of `turns` whose move the policy ranks first among Sokoban's four moves."""
-    moves = [policy.tokenizer.convert_tokens_to_ids(move) for move in ACTIONS]
+def move_accuracy(
+    policy: Policy, turns: list[MoveTurn], batch_size: int = 32, candidates: tuple[str, ...] = ACTIONS
+) -> float:
+    """The share of `turns` whose move the policy ranks first among `candidates` (single tokens)."""
+    moves = [policy.tokenizer.convert_tokens_to_ids(move) for move in candidates]
     right = 0
     for start in range(0, len(turns), batch_size):
         chunk = turns[start : start + batch_size]
@@ -123,11 +145,16 @@ def train_perception(
     lr: float = LR, batch_size: int = BATCH_SIZE, every: int = 100, show_progress: bool = True,
 ) -> dict[str, list[float]]:
     """`steps` AdamW steps, each on `batch_size` turns drawn from `train` and as many fresh lookup documents;
-    returns the move accuracy on each `held_out` set every `every` steps (the first entry: before training)."""
+    returns the move accuracy on each `held_out` set (keys of `CANDIDATES`) every `every` steps (the first
+    entry: before training)."""
     rng = random.Random(seed)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    curves = {name: [round(move_accuracy(policy, turns), 4)] for name, turns in held_out.items()}
+
+    def accuracy(name: str) -> float:
+        return round(move_accuracy(policy, held_out[name], candidates=CANDIDATES[name]), 4)
+
+    curves = {name: [accuracy(name)] for name in held_out}
     with Phase("warm start: perception pretraining", steps, "steps", enabled=show_progress) as bar:
         for step in range(1, steps + 1):
             with policy.update_mode():
@@ -140,25 +167,28 @@ def train_perception(
             policy.on_weights_updated()
             bar.update()
             if step % every == 0 or step == steps:
-                for name, turns in held_out.items():
-                    curves[name].append(round(move_accuracy(policy, turns), 4))
+                for name in held_out:
+                    curves[name].append(accuracy(name))
     return curves
 
 
 def perception_pretrained(
     start: Path, steps: int, states: int, model: ModelConfig, env: EnvConfig, *, seed: int,
-    skill_turns: int = 0, history_window: int = 0, show_progress: bool = True,
+    skill_turns: int = 0, history_window: int = 0, first_numbers: int = 0, ezpoints: EnvConfig | None = None,
+    show_progress: bool = True,
 ) -> Path:
-    """`start` after `steps` of perception pretraining on `states` final pushes of `env` and `skill_turns`
-    skill turns (shown with `history_window` earlier turns), plus up to `HELD_OUT` more of each for the
-    held-out curves, loaded with `model`'s settings (device, image sizes), in `<start>-perception/`. Reused
-    while its key matches: the settings, `start` (weights and config), this file and the training data
-    itself, so a change to the prompts or frames retrains."""
+    """`start` after `steps` of perception pretraining on `states` final pushes of `env`, `skill_turns`
+    skill turns (shown with `history_window` earlier turns) and `first_numbers` first turns of `ezpoints`,
+    plus up to `HELD_OUT` more of each for the held-out curves, loaded with `model`'s settings (device, image
+    sizes), in `<start>-perception/`. Reused while its key matches: the settings, `start` (weights and
+    config), this file and the training data itself, so a change to the prompts or frames retrains."""
+    if first_numbers and ezpoints is None:
+        raise ValueError("first_numbers: pass the EZPoints environment they are dealt in")
     out_dir = start.with_name(f"{start.name}-perception")
     frozen_tower = model.model_copy(update={"freeze_vision_tower": True})  # as RL keeps it: the decoder learns
     policy = Policy.from_config(frozen_tower, path=start, seed=seed)
     images = policy.image_settings
-    split = {"final_push": states, "skill_turn": skill_turns}
+    split = {"final_push": states, "skill_turn": skill_turns, "first_number": first_numbers}
     turns = {
         "final_push": move_turns(policy, final_push_turns(
             env, states + _held_out(states), seed=env.train_seed_start, image_settings=images, rng=random.Random(seed),
@@ -168,8 +198,13 @@ def perception_pretrained(
             image_settings=images, rng=random.Random(derive_seed(_SKILL_STREAM, seed)),
         )) if skill_turns else [],
     }
-    settings = {"steps": steps, "states": states, "skill_turns": skill_turns, "history_window": history_window,
-                "seed": seed, "lr": LR, "batch_size": BATCH_SIZE}
+    if first_numbers:
+        turns["first_number"] = move_turns(policy, first_number_turns(
+            ezpoints, first_numbers + _held_out(first_numbers), seed=ezpoints.train_seed_start, image_settings=images,
+            rng=random.Random(derive_seed(_FIRST_NUMBER_STREAM, seed)),
+        ))
+    settings = {"steps": steps, "states": states, "skill_turns": skill_turns, "first_numbers": first_numbers,
+                "history_window": history_window, "seed": seed, "lr": LR, "batch_size": BATCH_SIZE}
     key = content_digest(
         json.dumps(settings, sort_keys=True), model_digest(start), Path(__file__).read_bytes(),
         *(_digest(kind) for kind in turns.values()),

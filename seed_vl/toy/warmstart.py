@@ -13,8 +13,9 @@ tiny model a short, documented substitute, one shuffled SFT over every `warmstar
   * optionally, lookup pretraining before it and lookup drills within it (`lookup_steps`,
     `lookup_drills`: `seed_vl.toy.lookup_pretraining`), the in-context retrieval that following a route needs;
   * optionally, perception pretraining after the lookup and drills within the SFT (`perception_steps`,
-    `perception_skill_turns`, `perception_drills`, `skill_drills`: `seed_vl.toy.perception_pretraining`),
-    the sight that acting on a frame needs and the reading of a skill in the policy's own prompt;
+    `perception_skill_turns`, `perception_drills`, `skill_drills`, and for EZPoints' cards
+    `perception_first_numbers`, `first_number_drills`: `seed_vl.toy.perception_pretraining`), the sight that
+    acting on a frame needs and the reading of a skill in the policy's own prompt;
   * optionally, a second SFT after it, stage 1's analyzer SFT with the decoder's attention trained
     (`analyzer_sft_episodes`): the first SFT freezes attention to keep the lookup, and its analyzer then
     quotes routes of one or two moves only; the second, on unseen episodes and Sokoban rooms of 3+ moves
@@ -70,7 +71,7 @@ from seed_vl.toy.demonstrations import (
 )
 from seed_vl.toy.lookup_pretraining import SUMMARY_FILE as LOOKUP_SUMMARY
 from seed_vl.toy.lookup_pretraining import copy_drill, lookup_drill, lookup_pretrained
-from seed_vl.toy.perception_pretraining import final_push_turns, perception_pretrained
+from seed_vl.toy.perception_pretraining import final_push_turns, first_number_turns, perception_pretrained
 from seed_vl.toy.perception_probe import measure_perception
 from seed_vl.toy.skill_probe import analyzer_agreement, measure_skill_following
 from seed_vl.toy.tiny_model import build_tiny_model, built_by_another_version
@@ -80,7 +81,7 @@ from seed_vl.trajectory import Trajectory
 SUMMARY_FILE, MODEL_DIR = "warmstart.json", "model"
 # Seed streams of the warm start's own draws (demonstration phrasing, random-action episodes).
 _DEMO_STREAM, _ANALYZER_STREAM, _LOOKUP_STREAM, _PERCEPTION_STREAM, _SKILL_STREAM = 0x3A12, 0x3A13, 0x3A14, 0x3A15, 0x3A16
-_STAGE1_STREAM, _POLICY_EPISODE_STREAM = 0x3A17, 0x3A18
+_STAGE1_STREAM, _POLICY_EPISODE_STREAM, _FIRST_NUMBER_STREAM = 0x3A17, 0x3A18, 0x3A19
 _STAGE1_SEED_OFFSET = 100_000  # the analyzer SFT's episodes: beyond the first SFT's, far below evaluation seeds
 _POLICY_SEED_OFFSET = 200_000  # the policy's own episodes in it: beyond those
 # Below this final move accuracy the lookup is not learnt: on one machine 2,000 steps reached 75% and the base
@@ -180,6 +181,12 @@ def warmstart_examples(
             sokoban, ws.skill_drills, seed=sokoban.train_seed_start, history_window=config.rollout.history_window,
             image_settings=images, rng=random.Random(derive_seed(_SKILL_STREAM, ws.seed)),
         )
+    if ws.first_number_drills:
+        ezpoints = env_config(config, "ezpoints_visual")
+        demonstrations += first_number_turns(
+            ezpoints, ws.first_number_drills, seed=ezpoints.train_seed_start, image_settings=images,
+            rng=random.Random(derive_seed(_FIRST_NUMBER_STREAM, ws.seed)),
+        )
     return demonstrations, analysis
 
 
@@ -274,6 +281,9 @@ def analyzer_sft_examples(config: Config, envs: list[EnvConfig], images: ImageSe
             sokoban, replay, seed=sokoban.train_seed_start, history_window=config.rollout.history_window,
             image_settings=images, rng=drills,
         )
+    if ws.first_number_drills:
+        ezpoints = env_config(config, "ezpoints_visual")
+        examples += first_number_turns(ezpoints, replay, seed=ezpoints.train_seed_start, image_settings=images, rng=drills)
     return examples
 
 
@@ -327,6 +337,7 @@ def ensure_base_model(config: Config) -> Path:
         base = perception_pretrained(
             base, ws.perception_steps, ws.perception_states, config.model, env_config(config, "sokoban_visual"),
             seed=ws.seed, skill_turns=ws.perception_skill_turns, history_window=config.rollout.history_window,
+            first_numbers=ws.perception_first_numbers, ezpoints=env_config(config, "ezpoints_visual"),
             show_progress=config.logging.progress,
         )
     return base
