@@ -12,7 +12,7 @@ from seed_vl.checkpoint import list_checkpoints
 from seed_vl.cli import main
 from seed_vl.config import load_config
 from seed_vl.toy.demo import DEFAULT_RECIPE
-from seed_vl.toy.reproduce import ReproduceConfig
+from seed_vl.toy.reproduce import ReproduceConfig, base_config
 from seed_vl.toy.warmstart import warmstart_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,10 +90,9 @@ def test_a_bad_override_is_a_one_line_error(tmp_path, capsys):
 def test_every_recipe_loads(recipe):
     if recipe.parent.name == "reproduce":  # a reproduction's own schema, naming training recipes
         config = load_config(recipe, schema=ReproduceConfig)
-        recipes = [REPO / path for path in config.tasks.values()]
-        for path in recipes:  # every run's settings, and the shared base's warm start (the first recipe's)
-            load_config(path, config.overrides)
-        load_config(recipes[0], [*config.overrides, *config.warmstart_overrides])
+        for task, path in config.tasks.items():  # every run's settings, and the shared base's warm start
+            load_config(REPO / path, [*config.overrides, *config.task_overrides.get(task, [])])
+        base_config(config)
         return
     config = load_config(recipe)
     if recipe.parent.name == "tiny":  # trains what its warm start writes, on the CPU

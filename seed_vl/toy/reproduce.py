@@ -142,6 +142,20 @@ def run_name(task: str, method: str, seed: int) -> str:
     return f"{task.lower()}-{method}-seed{seed}"
 
 
+def base_config(cfg: ReproduceConfig, extra: Sequence[str] = ()) -> Config:
+    """The shared base's warm start, one for every task, method and seed: the first recipe's over every task's
+    environment, kept in the reproduction's own directory so that a demo cannot replace it; `extra`: further
+    overrides (a varied task's, to measure the base on it)."""
+    envs = [load_config(recipe, cfg.overrides).env.name for recipe in cfg.tasks.values()]
+    return load_config(next(iter(cfg.tasks.values())), [
+        *cfg.overrides,
+        *cfg.warmstart_overrides,
+        f"warmstart.envs=[{', '.join(envs)}]",
+        f"warmstart.out_dir={Path(cfg.output_dir) / 'warmstart'}",
+        *extra,
+    ])
+
+
 def run_config(cfg: ReproduceConfig, task: str, method: str, seed: int, base_model: str) -> Config:
     return load_config(
         cfg.tasks[task],
@@ -184,16 +198,8 @@ def reproduce(
         if not fnmatch.filter(names, pattern):
             raise ConfigError(f"--only: '{pattern}' matches no planned run (they are {', '.join(names)})")
 
-    # One warm-started base for every task, method and seed: the first recipe's warm start over every task's
-    # environment, kept in the reproduction's own directory so that a demo cannot replace it.
     envs = [load_config(recipe, cfg.overrides).env.name for recipe in cfg.tasks.values()]
-    warmstart_overrides = [
-        *cfg.overrides,
-        *cfg.warmstart_overrides,
-        f"warmstart.envs=[{', '.join(envs)}]",
-        f"warmstart.out_dir={Path(cfg.output_dir) / 'warmstart'}",
-    ]
-    first = load_config(next(iter(cfg.tasks.values())), warmstart_overrides)
+    first = base_config(cfg)
     warmstart_dir = Path(first.warmstart.out_dir)
     base_model = str(warmstart_dir / MODEL_DIR)
     records_dir = Path(cfg.records_dir)
@@ -216,7 +222,7 @@ def reproduce(
         base = _record_base(warmstart_dir, records_dir)
         for task, env in zip(cfg.tasks, envs, strict=True):
             if task in cfg.task_overrides:
-                variant = load_config(next(iter(cfg.tasks.values())), [*warmstart_overrides, *cfg.task_overrides[task]])
+                variant = base_config(cfg, cfg.task_overrides[task])
                 measure_task_variant(variant, env_config(variant, env), records_dir / _task_base_record(task), base)
         pending = []
         for (task, method, seed), run_cfg in runs.items():
