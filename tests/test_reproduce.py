@@ -26,6 +26,7 @@ from seed_vl.toy.reproduce import (
     METHODS,
     ReproduceConfig,
     RunResult,
+    base_config,
     first_reach,
     planned_runs,
     reproduce,
@@ -248,6 +249,16 @@ def test_a_reproduction_rendered_half_way_says_which_cells_lack_seeds(tmp_path):
     write_results(cfg, results + rest, out, 1.0, None, [])
     text = out.read_text()
     assert "Partial" not in text and "of 3 seeds" not in text and "| GRPO | 40.0 ± 10.0 | 40.0 ± 0.0 |" in text
+
+
+def test_a_task_and_its_variant_share_one_environment_in_the_base(tmp_path):
+    tasks = {"Sokoban": "configs/tiny/sokoban_visual.yaml", "EZPoints": "configs/tiny/ezpoints_visual.yaml",
+             "EZPoints-uniform": "configs/tiny/ezpoints_visual.yaml"}
+    cfg = load_config(None, [f"tasks={json.dumps(tasks)}", f"output_dir={tmp_path}",
+                             f"task_overrides={json.dumps({'EZPoints-uniform': ['env.ezpoints_deal=uniform_pair']})}"],
+                      schema=ReproduceConfig)
+    assert base_config(cfg).warmstart.envs == ["sokoban_visual", "ezpoints_visual"]
+    assert base_config(cfg, cfg.task_overrides["EZPoints-uniform"]).env.ezpoints_deal == "uniform_pair"
 
 
 def test_single_runs_are_planned_once_on_the_first_task_and_seed(tmp_path):

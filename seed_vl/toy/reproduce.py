@@ -145,8 +145,8 @@ def run_name(task: str, method: str, seed: int) -> str:
 def base_config(cfg: ReproduceConfig, extra: Sequence[str] = ()) -> Config:
     """The shared base's warm start, one for every task, method and seed: the first recipe's over every task's
     environment, kept in the reproduction's own directory so that a demo cannot replace it; `extra`: further
-    overrides (a varied task's, to measure the base on it)."""
-    envs = [load_config(recipe, cfg.overrides).env.name for recipe in cfg.tasks.values()]
+    overrides (a varied task's, to measure the base on it). A task and its variant share one environment."""
+    envs = dict.fromkeys(load_config(recipe, cfg.overrides).env.name for recipe in cfg.tasks.values())
     return load_config(next(iter(cfg.tasks.values())), [
         *cfg.overrides,
         *cfg.warmstart_overrides,
@@ -254,8 +254,9 @@ def reproduce(
             draw_runs(task_runs, Path(cfg.figures_dir) / f"reproduce_{task.lower()}.png")
     minutes = (base_record.get("wall_time_s", 0.0) + sum(r.wall_time_s for r in results)) / 60
     measured = {task: base_record.get("base", {}).get(env) for task, env in zip(cfg.tasks, envs, strict=True)}
-    measured.update({task: _read_json(records_dir / _task_base_record(task)).get("measures")
-                     for task in cfg.task_overrides})
+    for task in cfg.task_overrides:  # measured by `measure_task_variant`, on this base only
+        variant = _read_json(records_dir / _task_base_record(task))
+        measured[task] = variant.get("measures") if variant.get("base") == base_record.get("digest") else None
     preconditions = {task: metrics for task, metrics in measured.items() if metrics}
     write_results(cfg, results, Path(cfg.results), minutes, config_path, overrides, preconditions)
     return Path(cfg.results)
