@@ -77,11 +77,15 @@ class MetricsLogger:
 
 
 class Phase:
-    """Progress of one phase of a step: a tqdm bar on a terminal, one plain line at the end otherwise.
+    """Progress of one phase of a step: a tqdm bar on a terminal; otherwise (a log file) one plain line at
+    the end, and one every `line_every_s` seconds while a long phase runs, so a log shows where an hour-long
+    warm start is.
 
         with Phase("step 3 rollout", total=32, unit="episodes") as bar:
             ...; bar.update(1)
     """
+
+    line_every_s: float = 300.0
 
     def __init__(self, desc: str, total: int | None = None, unit: str = "items", enabled: bool = True) -> None:
         self.desc, self.total, self.unit, self.enabled = desc, total, unit, enabled
@@ -90,7 +94,7 @@ class Phase:
         self._bar = None
 
     def __enter__(self) -> Phase:
-        self._start = time.perf_counter()
+        self._start = self._last_line = time.perf_counter()
         if self.enabled and sys.stderr.isatty():
             self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, leave=False, dynamic_ncols=True)
         return self
@@ -99,6 +103,11 @@ class Phase:
         self.count += n
         if self._bar is not None:
             self._bar.update(n)
+        elif self.enabled and (now := time.perf_counter()) - self._last_line >= self.line_every_s:
+            self._last_line = now
+            of_total = f"/{self.total}" if self.total is not None else ""
+            print(f"[seed-vl] {self.desc}: {self.count}{of_total} {self.unit} after {now - self._start:.0f}s",
+                  file=sys.stderr, flush=True)
 
     def __exit__(self, *exc) -> None:
         self.seconds = time.perf_counter() - self._start

@@ -30,6 +30,7 @@ from seed_vl.toy.reproduce import (
     first_reach,
     planned_runs,
     reproduce,
+    run_config,
     write_results,
 )
 
@@ -259,6 +260,13 @@ def test_a_task_and_its_variant_share_one_environment_in_the_base(tmp_path):
                       schema=ReproduceConfig)
     assert base_config(cfg).warmstart.envs == ["sokoban_visual", "ezpoints_visual"]
     assert base_config(cfg, cfg.task_overrides["EZPoints-uniform"]).env.ezpoints_deal == "uniform_pair"
+
+
+def test_the_shared_base_reports_progress_where_the_runs_are_quiet(tmp_path):
+    cfg = ReproduceConfig(tasks={"Sokoban": "configs/tiny/sokoban_visual.yaml"}, output_dir=str(tmp_path),
+                          overrides=["logging.progress=false"])
+    assert base_config(cfg).logging.progress  # one process, an hour or more: its log says where it is
+    assert not run_config(cfg, "Sokoban", "grpo", 0, str(tmp_path / "base")).logging.progress
 
 
 def test_single_runs_are_planned_once_on_the_first_task_and_seed(tmp_path):

@@ -37,3 +37,18 @@ def test_phase_prints_one_plain_line_when_not_a_tty(capsys):
     assert lines[0].startswith("[seed-vl] step 1 rollout: 3 episodes in ")
     assert lines[1].startswith("[seed-vl] scoring: 4 actions in ")
     assert bar.seconds >= 0.0
+
+
+def test_a_long_phase_reports_its_count_while_it_runs(capsys, monkeypatch):
+    monkeypatch.setattr(Phase, "line_every_s", 0.0)  # every update is "long after" the last line
+    with Phase("warm start: sft", total=2, unit="steps") as bar:
+        bar.update()
+        bar.update()
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" after ")[0] for line in lines[:2]] == [
+        "[seed-vl] warm start: sft: 1/2 steps", "[seed-vl] warm start: sft: 2/2 steps"
+    ]
+    assert lines[2].startswith("[seed-vl] warm start: sft: 2 steps in ") and len(lines) == 3
+    with Phase("quiet", total=2, enabled=False) as bar:
+        bar.update(2)
+    assert capsys.readouterr().err == ""

@@ -145,13 +145,15 @@ def run_name(task: str, method: str, seed: int) -> str:
 def base_config(cfg: ReproduceConfig, extra: Sequence[str] = ()) -> Config:
     """The shared base's warm start, one for every task, method and seed: the first recipe's over every task's
     environment, kept in the reproduction's own directory so that a demo cannot replace it; `extra`: further
-    overrides (a varied task's, to measure the base on it). A task and its variant share one environment."""
+    overrides (a varied task's, to measure the base on it). A task and its variant share one environment.
+    It reports its progress (an hour or more on a CPU) even where the runs, side by side, do not."""
     envs = dict.fromkeys(load_config(recipe, cfg.overrides).env.name for recipe in cfg.tasks.values())
     return load_config(next(iter(cfg.tasks.values())), [
         *cfg.overrides,
         *cfg.warmstart_overrides,
         f"warmstart.envs=[{', '.join(envs)}]",
         f"warmstart.out_dir={Path(cfg.output_dir) / 'warmstart'}",
+        "logging.progress=true",
         *extra,
     ])
 
