@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from collections import Counter
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from seed_vl.config import EnvConfig, load_config
-from seed_vl.envs import sokoban
+from seed_vl.envs import ezpoints, sokoban
 from seed_vl.policy import Generation
 from seed_vl.rollout import play_episodes
 from seed_vl.toy import perception_probe
@@ -56,9 +57,24 @@ def test_a_sighted_actor_solves_every_one_move_task_and_a_blind_one_only_its_mov
         assert measured["one_action/solved"] < 1.0
 
 
-def test_environments_without_one_action_tasks_report_nothing():
-    config = load_config(None, ["env.name=ezpoints_text"])
-    assert measure_perception(None, config, config.env, num_tasks=4) == {}
+@pytest.mark.parametrize("reader", ["sighted", "blind"])
+def test_ezpoints_first_numbers_tell_a_policy_that_reads_the_cards_from_a_blind_one(monkeypatch, vl_policy, reader):
+    config = load_config(None, ["env.name=ezpoints_visual", "logging.progress=false"])
+    seeds = range(config.env.eval_seed_start, config.env.eval_seed_start + 28)
+    smaller = [min(card.value for card in ezpoints.deal(random.Random(seed), "uniform_pair")) for seed in seeds]
+    token = vl_policy.tokenizer.convert_tokens_to_ids
+    # A sighted policy ranks each held-out deal's smaller card first; a blind one always '2'.
+    answers = [token(str(value)) for value in smaller] if reader == "sighted" else [token("2")] * len(smaller)
+    monkeypatch.setattr(perception_probe, "top_moves", lambda policy, turns, candidates: answers[: len(turns)])
+
+    measured = measure_perception(vl_policy, config, config.env, num_tasks=28)
+
+    if reader == "sighted":
+        assert measured["first_number/solver"] == 1.0
+        assert measured["first_number/top_answer"] == Counter(smaller).most_common(1)[0][1] / 28 < 0.5
+    else:  # right exactly on the deals whose smaller card is a 2, whatever the cards show
+        assert measured == {"first_number/solver": smaller.count(2) / 28, "first_number/top_answer": 1.0}
+        assert 0.0 < measured["first_number/solver"] < 0.5
 
 
 RECIPE = str(Path(__file__).parents[1] / "configs" / "tiny" / "sokoban_visual.yaml")
@@ -80,3 +96,13 @@ def test_probe_script_measures_trains_and_rejects_bad_arguments(tiny_vl_path, tm
     with pytest.raises(SystemExit) as exit_info:
         probe.main(["--model", str(tmp_path / "missing")])
     assert exit_info.value.code == 2 and "--model: no model at" in capsys.readouterr().err
+
+
+def test_probe_script_measures_ezpoints_first_numbers(tiny_vl_path, capsys, script_module):
+    probe = script_module("perception_probe")
+    ezpoints_recipe = RECIPE.replace("sokoban_visual", "ezpoints_visual")
+    assert probe.main(["--model", tiny_vl_path, "--config", ezpoints_recipe, "--steps", "0", "--tasks", "3",
+                       "--random-tasks", "4"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"step +0  first number as the solver's [01]\.\d{3} \(one answer for every deal: 0\.286\)  "
+                     r"most frequent first number (0\.333|0\.667|1\.000)", out)

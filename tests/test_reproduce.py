@@ -220,7 +220,7 @@ def test_results_table_reach_steps_and_a_grpo_that_never_beat_the_base(tmp_path)
 
 
 def test_results_show_the_base_policys_skill_preconditions(tmp_path):
-    cfg = ReproduceConfig(tasks={"Sokoban": "a.yaml"}, methods=["grpo"], seeds=[0])
+    cfg = ReproduceConfig(tasks={"Sokoban": "a.yaml", "EZPoints": "b.yaml"}, methods=["grpo"], seeds=[0])
     measured = {"random_success_rate": 0.375, "one_action/solved": 0.25, "one_action/top_move": 0.75,
                 "skills/success/none": 0.25, "skills/success/correct": 0.5, "skills/success/wrong": 0.25,
                 "skills/gap/won": 0.61, "skills/gate/won": 0.93, "skills/gap/lost": -0.02,
@@ -228,10 +228,13 @@ def test_results_show_the_base_policys_skill_preconditions(tmp_path):
                 "analyzer/valid": 0.9375, "analyzer/agree": 0.5,
                 "analyzer/agree_won": float("nan")}
     out = tmp_path / "RESULTS.md"
+    cards = {"random_success_rate": 0.0, "first_number/solver": 0.875, "first_number/top_answer": 0.25}
     write_results(cfg, [_run("Sokoban", "grpo", 0, [(0, 0.2), (100, 0.3)])], out, 1.0, None, [],
-                  {"Sokoban": measured})
+                  {"Sokoban": measured, "EZPoints": cards})
+    text = out.read_text()
     row = "| Sokoban | 37.5 | 25.0 | 75.0 | 25.0 | 50.0 | 25.0 | +0.610 | 0.930 | -0.020 | 0.470 | +1.340 | 0.790 |"
-    assert row + " 93.8 | 50.0 | — |" in out.read_text()
+    assert row + " 93.8 | 50.0 | — |" in text
+    assert "| EZPoints | 0.0 | 87.5 | 25.0 | — |" in text  # its first number stands in for a one-move task
 
 
 def test_a_reproduction_rendered_half_way_says_which_cells_lack_seeds(tmp_path):

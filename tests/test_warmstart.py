@@ -71,7 +71,9 @@ def test_builds_the_base_model_and_writes_model_and_summary(warm):
         assert 0.0 <= rates["random_success_rate"] <= 1.0
         assert rates["episode_length"] >= 1
     assert 0.0 <= summary["base"]["sokoban_visual"]["one_action/solved"] <= 1.0  # EZPoints has no such task
-    assert "one_action/solved" not in summary["base"]["ezpoints_visual"]
+    ezpoints = summary["base"]["ezpoints_visual"]
+    assert "one_action/solved" not in ezpoints and 0.0 <= ezpoints["first_number/solver"] <= 1.0
+    assert 0.5 <= ezpoints["first_number/top_answer"] <= 1.0  # 2 held-out deals: one answer takes one or both
     assert summary["settings"]["warmstart"]["demonstrations"] == 2 and summary["wall_time_s"] > 0
     assert not list(model_dir.parent.parent.glob(".warmstart.*"))  # no temporary directory left behind
 

@@ -116,13 +116,21 @@ def move_loss(policy: Policy, turns: list[MoveTurn]) -> torch.Tensor:
     return -torch.stack([lp[-1] for lp in logprobs]).mean()
 
 
-@torch.no_grad()
 def move_accuracy(
     policy: Policy, turns: list[MoveTurn], batch_size: int = 32, candidates: tuple[str, ...] = ACTIONS
 ) -> float:
     """The share of `turns` whose move the policy ranks first among `candidates` (single tokens)."""
+    ranked = top_moves(policy, turns, batch_size, candidates)
+    return sum(move == t.response_ids[t.move_index] for move, t in zip(ranked, turns, strict=True)) / len(turns)
+
+
+@torch.no_grad()
+def top_moves(
+    policy: Policy, turns: list[MoveTurn], batch_size: int = 32, candidates: tuple[str, ...] = ACTIONS
+) -> list[int]:
+    """The token among `candidates` that the policy ranks first at each turn's move."""
     moves = [policy.tokenizer.convert_tokens_to_ids(move) for move in candidates]
-    right = 0
+    ranked: list[int] = []
     for start in range(0, len(turns), batch_size):
         chunk = turns[start : start + batch_size]
         # One forward per candidate move: the score of the move token after each context.
@@ -135,9 +143,8 @@ def move_accuracy(
             ).logprobs])
             for move in moves
         ])
-        best = scores.argmax(0).tolist()
-        right += sum(moves[b] == t.response_ids[t.move_index] for b, t in zip(best, chunk, strict=True))
-    return right / len(turns)
+        ranked += [moves[best] for best in scores.argmax(0).tolist()]
+    return ranked
 
 
 def train_perception(
