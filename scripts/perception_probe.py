@@ -21,17 +21,15 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from seed_vl.config import ConfigError, load_config
-from seed_vl.envs.ezpoints import SOLVABLE_PAIRS
 from seed_vl.envs.registry import make_env
 from seed_vl.policy import Policy
 from seed_vl.sft import SFTSettings, train_sft
 from seed_vl.toy.demonstrations import demonstration_examples, play_random_episodes, solver_plan
-from seed_vl.toy.perception_probe import measure_perception
+from seed_vl.toy.perception_probe import BLIND_FIRST_NUMBER, measure_perception
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,10 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         measured = measure_perception(policy, config, config.env, num_tasks=args.tasks)
         if not measured:
             raise SystemExit(f"--config: {config.env.name} has no one-move tasks to measure perception on")
-        if "first_number/solver" in measured:  # EZPoints: one number for every deal is right on 2 in 7 at best
-            blind = Counter(min(pair) for pair in SOLVABLE_PAIRS).most_common(1)[0][1] / len(SOLVABLE_PAIRS)
-            found = (f"first number as the solver's {measured['first_number/solver']:.3f} (one answer for "
-                     f"every deal: {blind:.3f})  most frequent first number {measured['first_number/top_answer']:.3f}")
+        if "first_number/solver" in measured:  # EZPoints
+            found = (f"first number as the solver's {measured['first_number/solver']:.3f} (one answer for every "
+                     f"deal: {BLIND_FIRST_NUMBER:.3f})  most frequent first number "
+                     f"{measured['first_number/top_answer']:.3f}")
         else:
             found = (f"first move wins {measured['one_action/solved']:.3f} (chance 0.250)  "
                      f"most frequent first move {measured['one_action/top_move']:.3f}")

@@ -15,6 +15,7 @@ import random
 from collections import Counter
 
 from seed_vl.config import Config, EnvConfig
+from seed_vl.envs.ezpoints import SOLVABLE_PAIRS
 from seed_vl.envs.group import EnvGroup
 from seed_vl.envs.registry import make_env
 from seed_vl.evaluation import EVAL_STEP
@@ -23,6 +24,9 @@ from seed_vl.rollout import SamplingSettings, collect_rollouts
 from seed_vl.toy.demonstrations import solver_plan
 from seed_vl.toy.perception_pretraining import CANDIDATES, first_number_turns, move_turns, top_moves
 
+# The most a blind policy gets right on EZPoints' first numbers: one number (the commonest smaller card of
+# the solvable pairs) for every deal.
+BLIND_FIRST_NUMBER = Counter(min(pair) for pair in SOLVABLE_PAIRS).most_common(1)[0][1] / len(SOLVABLE_PAIRS)
 SCAN_PER_TASK = 50  # give up when fewer than 1 in 50 seeds is a one-action task (EZPoints has none)
 
 

@@ -36,6 +36,7 @@ from seed_vl.config import Config, ConfigError, EnvConfig, Section, load_config,
 from seed_vl.io import atomic_write_text, model_digest
 from seed_vl.plots import Run, draw_runs
 from seed_vl.policy import Policy
+from seed_vl.toy.perception_probe import BLIND_FIRST_NUMBER
 from seed_vl.toy.warmstart import (
     MODEL_DIR,
     SUMMARY_FILE,
@@ -501,7 +502,7 @@ def _precondition_lines(preconditions: dict[str, dict[str, float]], variants: Se
         "said to play); on held-out one-move tasks, how often the base's first move is the winning one (25%",
         "is chance: does it see the frame?) and the share of its most frequent first move (a fixed",
         "preference), and on EZPoints the same for the first number of held-out deals of a single solvable",
-        "pair, ranked as the solver answers it (one number for every deal is right on 28.6% at most);",
+        f"pair, ranked as the solver answers it (one number for every deal is right on {BLIND_FIRST_NUMBER:.1%} at most);",
         "success with no skill in context, with the correct skill (the",
         "scripted analyzer's for the solver's win on that task) and with a wrong one (another task's); on the",
         "no-skill episodes, the mean teacher-student gap `l_skill - l_old` (nats) and gate on move tokens",
